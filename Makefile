@@ -1,0 +1,37 @@
+# geosharp — two commands on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# The CPU wheel of torch 2.13.0 lies on disk on the project's machines; installing it first keeps the
+# project's normal torch range (pyproject) from pulling a multi-GB CUDA build.
+TORCH_PIN := torch==2.13.0
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test test-fast derive bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+$(STAMP): $(PY) pyproject.toml
+	$(PIP) install --quiet $(TORCH_PIN) || $(PIP) install --quiet "torch>=2.2"
+	$(PIP) install --quiet -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/geosharp demo
+
+test: $(STAMP)
+	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q tests --nbmake notebooks
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -x tests -m "not slow"
+
+derive: $(STAMP)
+	$(VENV)/bin/geosharp derive
+
+clean:
+	rm -rf $(VENV) build *.egg-info

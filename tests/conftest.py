@@ -1,0 +1,22 @@
+"""Shared test configuration.
+
+Hypothesis profiles: ``ci`` (fixed example budget, derandomized: the same examples on every run, used
+by ``make test``) and ``dev`` (more examples, random). Select with HYPOTHESIS_PROFILE.
+"""
+import os
+
+import torch
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci",
+    max_examples=15,
+    derandomize=True,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("dev", max_examples=60, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
