@@ -341,3 +341,15 @@ def solve_linear_matrix_equation(Ls: Sequence[torch.Tensor], Ks: Sequence[torch.
     vecC = C.mT.reshape(*C.shape[:-2], n * m)
     vecX = torch.linalg.solve(A, vecC)
     return vecX.reshape(*C.shape[:-2], m, n).mT
+
+
+def gram(X: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
+    """Relaxed Gram matrix XᵀX + εI, shape (..., h, h) for X of shape (..., n, h).
+
+    ε > 0 (paper App. H.2) keeps (XᵀX)⁻¹ defined for rank-deficient X (e.g. heads whose projection
+    has collapsed); ε = 0 gives the exact Gram matrix. The relaxation makes the metric only
+    approximately invariant, with an error of order ε relative to the smallest eigenvalue of XᵀX."""
+    G = X.mT @ X
+    if eps:
+        G = G + eps * torch.eye(X.shape[-1], dtype=X.dtype, device=X.device)
+    return G

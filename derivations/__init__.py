@@ -1,0 +1,41 @@
+"""geosharp.derivations — declare a parameter symmetry and a metric, derive the quotient geometry.
+
+SymPy only; never imported by the evaluator at run time. Typical use::
+
+    from derivations import gl_pair, builtin_metric, derive_geometry
+    geo = derive_geometry(builtin_metric(gl_pair(), "mix"))
+    print(geo.summary())
+
+A user's own metric is any SymPy expression of the blocks and two tangent vectors::
+
+    sym = gl_pair("B", "At", h="r")                 # LoRA: B ∈ R^{n×r}, Aᵀ ∈ R^{m×r}
+    (xB, xA), (eB, eA) = sym.tangent("xi"), sym.tangent("eta")
+    B, At = sym.blocks
+    g = Trace(Inverse(B.T*B)*xB.T*eB) + Trace(B.T*B*xA.T*eA)
+    geo = derive_geometry(Metric(sym, g, "lora_hybrid"))
+"""
+from .errors import (
+    DeclarationError,
+    DerivationError,
+    MetricError,
+    NotInvariantError,
+    UnsupportedStructureError,
+)
+from .metric import BUILTIN_METRICS, InvarianceResult, Metric, builtin_metric, check_invariance, check_metric
+from .quotient import LinearSolve, QuotientGeometry, derive_geometry
+from .symmetry import (
+    BUILTIN_SYMMETRIES,
+    Symmetry,
+    elementwise_rescaling,
+    get_symmetry,
+    gl_pair,
+    positive_scaling,
+    translation,
+)
+
+__all__ = [
+    "BUILTIN_METRICS", "BUILTIN_SYMMETRIES", "DeclarationError", "DerivationError", "InvarianceResult",
+    "LinearSolve", "Metric", "MetricError", "NotInvariantError", "QuotientGeometry", "Symmetry",
+    "UnsupportedStructureError", "builtin_metric", "check_invariance", "check_metric", "derive_geometry",
+    "elementwise_rescaling", "get_symmetry", "gl_pair", "positive_scaling", "translation",
+]

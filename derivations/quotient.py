@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import sympy as sp
-from sympy import Identity, Inverse, MatAdd, MatMul, MatrixExpr, MatrixSymbol
+from sympy import Identity, Inverse, MatAdd, MatMul, MatrixExpr, MatrixSymbol, ZeroMatrix
 
 from .errors import UnsupportedStructureError
 from .matrix_calculus import (
@@ -230,7 +230,14 @@ def _metric_operator_inverse(metric: Metric, blocks, eta) -> list:
 
 def _apply(inverse, value):
     rhs, sol = inverse
-    return canonicalize(sol.xreplace({rhs: value}))
+    return _shaped(canonicalize(sol.xreplace({rhs: value})), rhs)
+
+
+def _shaped(expr, like):
+    """A structural scalar zero returned for a matrix block becomes a ZeroMatrix of its shape."""
+    if isinstance(like, MatrixExpr) and not isinstance(expr, MatrixExpr) and expr == 0:
+        return ZeroMatrix(*like.shape)
+    return expr
 
 
 def derive_geometry(metric: Metric, check: bool = True) -> QuotientGeometry:

@@ -211,7 +211,7 @@ def random_point(symbols, sizes, rng, positive=()):
     return values
 
 
-def evaluate(expr, values: dict, sizes: dict):
+def evaluate(expr, values: dict, sizes: dict, simplify: bool = True):
     """Evaluate a (matrix) expression exactly at concrete sizes and values."""
     expr = sp.sympify(expr)
     size_sub = {s: v for s, v in sizes.items()}
@@ -220,10 +220,18 @@ def evaluate(expr, values: dict, sizes: dict):
     for s, v in values.items():
         key = s.subs(size_sub) if isinstance(s, MatrixSymbol) else s
         repl[key] = v
+    for one in concrete.atoms(OneMatrix):
+        repl[one] = sp.ones(*(int(d) for d in one.shape))
+    for eye in concrete.atoms(Identity):
+        repl[eye] = sp.eye(int(eye.shape[0]))
     out = concrete.xreplace(repl)
     out = out.doit()
+    if isinstance(out, MatrixExpr) and not isinstance(out, sp.MatrixBase):
+        out = out.as_explicit()
+    if not simplify:
+        return out
     if isinstance(out, sp.MatrixBase):
-        return out.applyfunc(sp.nsimplify) if False else out.applyfunc(sp.simplify)
+        return out.applyfunc(sp.simplify)
     return sp.simplify(out)
 
 

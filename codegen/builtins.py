@@ -1,0 +1,37 @@
+"""The built-in geometries: which (symmetry, metric) pairs get a committed kernel module."""
+from __future__ import annotations
+
+import time
+
+from derivations.metric import builtin_metric
+from derivations.quotient import derive_geometry
+from derivations.symmetry import get_symmetry
+
+from .generate import GeneratedModule, generate_module
+
+__all__ = ["BUILTIN_GEOMETRIES", "generate_builtins"]
+
+#: module name → (symmetry, metric). Diagonal-net metrics (5) and (6) of the paper are the
+#: element-wise GL(1) versions of ``inv`` and ``mix``.
+BUILTIN_GEOMETRIES = {
+    "gl_inv": ("gl_pair", "inv"),
+    "gl_mix": ("gl_pair", "mix"),
+    "diag_inv": ("elementwise_rescaling", "inv"),
+    "diag_mix": ("elementwise_rescaling", "mix"),
+    "scaling": ("positive_scaling", "scale_invariant"),
+    "translation": ("translation", "euclidean"),
+}
+
+
+def generate_builtins(names=None, progress=None) -> tuple[list[GeneratedModule], dict]:
+    """Derive and generate the built-in modules in memory; returns (modules, seconds per module)."""
+    modules, timings = [], {}
+    for name in names or BUILTIN_GEOMETRIES:
+        t0 = time.perf_counter()
+        sym_name, metric_name = BUILTIN_GEOMETRIES[name]
+        geo = derive_geometry(builtin_metric(get_symmetry(sym_name), metric_name))
+        modules.append(generate_module(geo, name, origin=f"derivations.builtin: {sym_name} / {metric_name}"))
+        timings[name] = time.perf_counter() - t0
+        if progress:
+            progress(name, timings[name])
+    return modules, timings
