@@ -165,6 +165,10 @@ def generate_module(geo: QuotientGeometry, module_name: str, origin: str = "") -
     A = em.name(sym.group_element)
     proj = geo.projection
     C_expr = geo.horizontal_condition
+    block_shapes = tuple(tuple(str(d) for d in getattr(b, "shape", ())) for b in sym.blocks)
+    A_sym = sym.group_element
+    group = (tuple(str(d) for d in A_sym.shape) if isinstance(A_sym, MatrixExpr)
+             else "positive" if sym.positive_group else "real")
     shapes = ", ".join(f"{b} {tuple(getattr(s, 'shape', ()))}" for b, s in zip(B, sym.blocks)) if em.matrix else "elementwise"
     funcs = []
     funcs.append(em.function(
@@ -172,7 +176,7 @@ def generate_module(geo: QuotientGeometry, module_name: str, origin: str = "") -
         f"g_θ(ξ, η) = {_fmt(metric.expr)}.", tuple_out=False))
     funcs.append(em.function(
         "vertical", B + [X], list(geo.vertical), "Vertical vector v(X): " + ", ".join(
-            f"{b}: {_fmt(v)}" for b, v in zip(B, geo.vertical)) + ".", eps=False))
+            f"{b}: {_fmt(v)}" for b, v in zip(B, geo.vertical)) + ".", tuple_out=True, eps=False))
     funcs.append(em.function(
         "horizontal_residual", B + xi, [C_expr],
         f"C(ξ) = {_fmt(C_expr)}; ξ is horizontal iff C(ξ) = 0.", tuple_out=False))
@@ -249,6 +253,9 @@ def generate_module(geo: QuotientGeometry, module_name: str, origin: str = "") -
         SYMMETRY = {sym.name!r}
         METRIC = {metric.name!r}
         BLOCKS = {tuple(B)!r}
+        BLOCK_SHAPES = {block_shapes!r}
+        GROUP = {group!r}
+        POSITIVE_BLOCKS = {sym.positive_blocks!r}
         ELEMENTWISE = {sym.elementwise!r}
         PROJECTION_KIND = {proj.kind!r}
         ''')

@@ -81,7 +81,8 @@ class BatchedTorchPrinter(TorchPrinter):
     def _solve_right(self, M, B: str) -> str:
         """B M⁻¹."""
         if isinstance(M, MatrixSymbol) and M.name in self.spd:
-            return f"torch.cholesky_solve({B}.mT, {self.spd[M.name]}).mT"
+            Bt = f"{B}.mT" if B.isidentifier() else f"({B}).mT"
+            return f"torch.cholesky_solve({Bt}, {self.spd[M.name]}).mT"
         return f"torch.linalg.solve({self._print(M)}, {B}, left=False)"
 
     def _chain(self, mats) -> str:

@@ -37,6 +37,7 @@ __all__ = [
     "solve_sylvester",
     "solve_sylvester_spd_product",
     "solve_linear_matrix_equation",
+    "gram",
 ]
 
 

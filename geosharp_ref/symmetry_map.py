@@ -41,6 +41,12 @@ In multi-head attention with head dimension h, input x ∈ R^d (a row vector) an
   adaptive geometry); V/O is unaffected.  Normalisations of q/k inside the head (QK-norm) and
   non-absolute position encodings are refused for the same reason.
 
+Refusals are conservative: Q/K is refused when the attention class's code names a rotary
+embedding, its forward takes ``position_embeddings``/``freqs_cis``-like arguments, a rotary module
+sits in the stack containing it, or its config declares rotary/relative positions.  A module
+whose class name contains "Attention" but whose layout is not recognised (e.g. per-head interleaved
+fused QKV as in GPT-NeoX) is refused as a whole; declare such pairs by hand with :class:`PairSpec`.
+
 Every parameter (or part of one) that no group covers — output-projection biases, layer norms,
 embeddings, MLPs, classifier, refused Q/K weights — is listed in :attr:`SymmetryMap.adaptive`
 and gets the element-wise ("adaptive") geometry.
@@ -517,7 +523,7 @@ _ROTARY_ARGS = ("position_embeddings", "rotary_pos_emb", "rotary_emb", "freqs_ci
 _REL_POS = ("rotary", "relative_key", "relative_key_query", "relative")
 
 
-def _qk_refusal(mod: nn.Module, configs, model_rotary: list[str], qk_norms=()) -> Optional[str]:
+def _qk_refusal(mod: nn.Module, path: str, configs, model_rotary, qk_norms=()) -> Optional[str]:
     why = []
     try:
         params = inspect.signature(type(mod).forward).parameters
@@ -529,8 +535,11 @@ def _qk_refusal(mod: nn.Module, configs, model_rotary: list[str], qk_norms=()) -
     ident = _rotary_identifier(type(mod))
     if ident:
         why.append(f"its code uses {ident!r}")
-    if model_rotary:
-        why.append(f"the model contains {model_rotary[0]}")
+    for rpath, rname in model_rotary:
+        scope = rpath.rpartition(".")[0]
+        if not scope or path == scope or path.startswith(scope + "."):
+            why.append(f"{rname} at {rpath or '<root>'} feeds the stack containing it")
+            break
     for cfg in configs:
         pet = getattr(cfg, "position_embedding_type", None)
         if isinstance(pet, str) and pet.lower() in _REL_POS:
@@ -732,7 +741,7 @@ def _match_projections(path, mod, parent, parent_path, model_cfg, model_rotary, 
                           f"may act between the projections")
 
     found.matched.add(path)
-    why = _qk_refusal(mod, configs, model_rotary, qk_norms)
+    why = _qk_refusal(mod, path, configs, model_rotary, qk_norms)
     if why:
         found.refused.append((f"{path}:qk", why))
     else:
@@ -821,8 +830,10 @@ def symmetry_map(model: nn.Module, pairs: Optional[Sequence[PairSpec]] = None, *
     found = _Found()
     if detect:
         model_cfg = getattr(model, "config", None)
-        model_rotary = sorted({type(m).__name__ for m in model.modules()
-                               if _ROTARY_CLASS.search(type(m).__name__)})
+        # rotary modules (e.g. LlamaRotaryEmbedding at model.rotary_emb): they apply to every
+        # attention module below their parent (the decoder stack they belong to)
+        model_rotary = [(p, type(m).__name__) for p, m in model.named_modules()
+                        if _ROTARY_CLASS.search(type(m).__name__)]
         modules = dict(model.named_modules())
         for path, mod in modules.items():
             if path in found.matched:

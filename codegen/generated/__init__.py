@@ -1,0 +1,2 @@
+# GENERATED FILE - DO NOT EDIT.
+"""Generated PyTorch kernels (see codegen.generate)."""

@@ -1,0 +1,70 @@
+# GENERATED FILE - DO NOT EDIT.
+# Source: derivations (derivations.builtin: positive_scaling / scale_invariant); symmetry 'positive_scaling', metric 'scale_invariant'.
+# Regenerate with `geosharp derive` (built-ins) or `geosharp derive --spec FILE.py`.
+"""Quotient-geometry kernels: W -> a W, a > 0; preserves W/||W||; metric 'scale_invariant'.
+
+Blocks: W (n, k). Every function broadcasts over leading batch dimensions.
+Metric          g = Trace(xi_W.T*eta_W)/Trace(W.T*W)
+Invariance      proved
+Horizontal      C(ξ) = Trace(xi_W.T*W)/Trace(W.T*W) = 0
+Projection      explicit
+"""
+import torch
+
+from codegen import runtime as _rt
+
+SYMMETRY = 'positive_scaling'
+METRIC = 'scale_invariant'
+BLOCKS = ('W',)
+BLOCK_SHAPES = (('n', 'k'),)
+GROUP = 'positive'
+POSITIVE_BLOCKS = False
+ELEMENTWISE = False
+PROJECTION_KIND = 'explicit'
+
+
+def inner(W, xi_W, eta_W, eps=0.0):
+    """g_θ(ξ, η) = Trace(xi_W.T*eta_W)/Trace(W.T*W)."""
+    WtW = _rt.gram(W, eps)
+    return ((xi_W.mT) * eta_W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1)
+
+
+def vertical(W, x):
+    """Vertical vector v(X): W: x*W."""
+    return ((x)[..., None, None] * W,)
+
+
+def horizontal_residual(W, xi_W, eps=0.0):
+    """C(ξ) = Trace(xi_W.T*W)/Trace(W.T*W); ξ is horizontal iff C(ξ) = 0."""
+    WtW = _rt.gram(W, eps)
+    return ((xi_W.mT) * W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1)
+
+
+def horizontal_lambda(W, xi_W, eps=0.0):
+    """Λ such that ξ − v(Λ) is horizontal: Λ = C with C = C(ξ)."""
+    WtW = _rt.gram(W, eps)
+    return ((xi_W.mT) * W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1)
+
+
+def horizontal_projection(W, xi_W, eps=0.0):
+    """Horizontal part ξ − v(Λ) of ξ."""
+    Lam = horizontal_lambda(W, xi_W, eps=eps)
+    v_W, = vertical(W, Lam)
+    return xi_W - v_W,
+
+
+def riemannian_gradient(W, egrad_W, eps=0.0):
+    """Riemannian gradient 𝔾⁻¹(∇f): W: Trace(W.T*W)*egrad_W."""
+    WtW = _rt.gram(W, eps)
+    return ((torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1))[..., None, None] * egrad_W,)
+
+
+def geodesic_acceleration(W, xi_W, eps=0.0):
+    """γ̈(0) = −Γ(ξ, ξ): W: (-Trace(xi_W.T*xi_W)/Trace(W.T*W))*W + ((Trace(W.T*xi_W)/Trace(W.T*W) + Trace(xi_W.T*W)/Trace(W.T*W))*xi_W)."""
+    WtW = _rt.gram(W, eps)
+    return ((-((xi_W.mT) * xi_W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1))[..., None, None] * W + (((W.mT) * xi_W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1) + ((xi_W.mT) * W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1))[..., None, None] * xi_W,)
+
+
+def act(W, a):
+    """Group action ψ(A, θ): W: a*W."""
+    return ((a)[..., None, None] * W,)
