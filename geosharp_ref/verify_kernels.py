@@ -190,7 +190,7 @@ def geodesic_order(mod, seed=0, ts=(0.08, 0.04, 0.02, 0.01)):
         exact, _ = integrate_geodesic(rhs, point, xi, t)
         approx = tuple(p + t * x + 0.5 * t * t * a for p, x, a in zip(point, xi, acc))
         errs.append(max(float((e - a).abs().max()) for e, a in zip(exact, approx)))
-    slope = float(np.polyfit(np.log(ts), np.log(errs), 1)[0])
+    slope = float(np.polyfit(np.log(ts), np.log(np.maximum(errs, 1e-300)), 1)[0])
     return slope, errs
 
 
