@@ -1,0 +1,97 @@
+"""Auto-PGD (Croce & Hein 2020) over a tangent space with a Riemannian norm ball.
+
+Maximises f(ξ) over {ξ horizontal, ‖ξ‖_g ≤ ρ}. The space object supplies the geometry:
+
+* ``space.zeros()`` / ``space.random(rho, generator)`` — starting points (lists of tensors);
+* ``space.inner(xi, eta)`` — the metric g (a scalar);
+* ``space.ascent_direction(egrad)`` — horizontal Riemannian gradient 𝔾⁻¹∇f projected horizontally;
+* ``space.project(xi, rho)`` — onto the horizontal space, then radially into the g-ball (exact,
+  because the horizontal projection is g-orthogonal and the ball is a g-ball).
+
+The iteration (L2 version, step normalised in the metric):
+
+    z = P(x_k + η d_k / ‖d_k‖_g)
+    x_{k+1} = P(x_k + α (z − x_k) + (1 − α)(x_k − x_{k−1})),   α = 0.75 (α = 1 on the first step)
+
+with initial η = 2ρ. At checkpoints w_j = ⌈p_j N⌉, p₀ = 0, p₁ = 0.22,
+p_{j+1} = p_j + max(p_j − p_{j−1} − 0.03, 0.06), the step is halved and the iterate restarts from
+the best point when (1) fewer than 75 % of the steps since the last checkpoint increased f, or
+(2) the step was not halved at the last checkpoint and the best value has not improved since.
+The best iterate is kept; ``n_iter`` gradient evaluations follow the one at the start.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["apgd_checkpoints", "apgd", "APGDResult"]
+
+
+def apgd_checkpoints(n_iter: int) -> list[int]:
+    """Iterations ⌈p_j N⌉ (j ≥ 1) at which step-size halving is decided."""
+    p = [0.0, 0.22]
+    while p[-1] < 1:
+        p.append(p[-1] + max(p[-1] - p[-2] - 0.03, 0.06))
+    ws = sorted({math.ceil(pj * n_iter - 1e-9) for pj in p[1:] if pj <= 1 + 1e-12})
+    return [w for w in ws if 0 < w <= n_iter]
+
+
+@dataclass
+class APGDResult:
+    best_value: float
+    start_value: float
+    best_xi: list
+    values: list = field(default_factory=list)  # f at every evaluated iterate
+    step_sizes: list = field(default_factory=list)
+
+
+def _lin(a, x, b, y):
+    return [a * xi + b * yi for xi, yi in zip(x, y)]
+
+
+def apgd(f_and_grad, space, rho: float, n_iter: int = 20, random_start: bool = False,
+         generator: torch.Generator | None = None, momentum: float = 0.75,
+         rho_osc: float = 0.75) -> APGDResult:
+    """Maximise f over the horizontal g-ball of radius ``rho``; ``f_and_grad(xi) -> (float, egrad)``."""
+    x = space.random(rho, generator) if random_start else space.zeros()
+    x = space.project(x, rho)
+    f, g = f_and_grad(x)
+    f0 = f
+    values, steps = [f], []
+    x_best, f_best, g_best = x, f, g
+    x_prev = x
+    eta = 2.0 * rho
+    checkpoints = set(apgd_checkpoints(n_iter))
+    last_check = 0
+    halved_at_last_check = False
+    f_best_at_last_check = f_best
+    increases = 0
+    for k in range(n_iter):
+        d = space.ascent_direction(x, g)
+        dn = float(space.inner(d, d)) ** 0.5
+        z = space.project(x if dn == 0 else _lin(1.0, x, eta / dn, d), rho)
+        a = 1.0 if k == 0 else momentum
+        x_new = space.project([xi + a * (zi - xi) + (1 - a) * (xi - pi)
+                               for xi, zi, pi in zip(x, z, x_prev)], rho)
+        f_new, g_new = f_and_grad(x_new)
+        values.append(f_new)
+        steps.append(eta)
+        if f_new > f:
+            increases += 1
+        x_prev, x, f, g = x, x_new, f_new, g_new
+        if f_new > f_best:
+            x_best, f_best, g_best = x_new, f_new, g_new
+        it = k + 1
+        if it in checkpoints and it < n_iter:
+            oscillating = increases < rho_osc * (it - last_check)
+            stalled = (not halved_at_last_check) and f_best <= f_best_at_last_check
+            halved_at_last_check = oscillating or stalled
+            if halved_at_last_check:
+                eta /= 2.0
+                x, f, g = x_best, f_best, g_best
+            f_best_at_last_check = f_best
+            last_check = it
+            increases = 0
+    return APGDResult(best_value=f_best, start_value=f0, best_xi=x_best, values=values, step_sizes=steps)

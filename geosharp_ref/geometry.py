@@ -1,0 +1,113 @@
+"""Geometries used by the evaluator, built on the generated kernels (no SymPy at run time).
+
+:func:`gl_pair` wraps ``codegen.generated.gl_inv`` / ``gl_mix`` — the quotient geometry of a GL(h)
+pair (G, H) ↦ (G A, H A⁻ᵀ) — as a small manifold-like object in the style of pymanopt/geoopt.
+Tangent vectors are tuples ``(xi_G, xi_H)``; every call broadcasts over leading dimensions
+(layers × heads): G (..., n, h), H (..., m, h).
+
+============================  ======================================================
+``inner(G, H, xi, eta)``      g_θ(ξ, η), shape (...)
+``norm(G, H, xi)``            √g_θ(ξ, ξ)
+``project_horizontal``        ξ − v(Λ) with v(Λ) = (GΛ, −HΛᵀ) the vertical part
+``riemannian_gradient``       𝔾⁻¹(∇_G, ∇_H)  (inv: (∇_G GᵀG, ∇_H HᵀH); mix: (∇_G (HᵀH)⁻¹, ∇_H (GᵀG)⁻¹))
+``geodesic_acceleration``     γ̈(0) = −Γ(ξ, ξ)
+``exp2(G, H, xi)``            θ + ξ + ½ γ̈(0), the second-order geodesic (paper Eq. 4)
+``act(G, H, A)``              (G A, H A⁻ᵀ)
+============================  ======================================================
+
+Relaxation ε (paper App. H.2): every Gram matrix XᵀX is replaced by XᵀX + εI. ε = 0 (default) is
+exact and keeps invariance to round-off; heads whose G or H is (numerically) rank deficient need
+ε > 0 — small against the spectrum of XᵀX (e.g. 1e-6 · mean eigenvalue) so results do not move.
+
+:class:`AdaptiveGeometry` is the element-wise geometry of adaptive sharpness (Kwon et al. 2021,
+Andriushchenko et al. 2023): a perturbation ξ = c ⊙ δ with c = |w| (+ offset), norm ‖ξ ⊘ c‖₂,
+Riemannian gradient c² ⊙ ∇, flat (no geodesic correction).
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["GLPairGeometry", "gl_pair", "AdaptiveGeometry", "METRICS"]
+
+METRICS = ("inv", "mix")
+
+
+@dataclass(frozen=True)
+class GLPairGeometry:
+    """Quotient geometry of GL(h) pairs under the ``inv`` or ``mix`` metric (see module doc)."""
+
+    metric: str
+    eps: float = 0.0
+
+    @property
+    def kernels(self):
+        return importlib.import_module(f"codegen.generated.gl_{self.metric}")
+
+    def _check(self, G, H, *tangents):
+        if G.shape[:-2] != H.shape[:-2] or G.shape[-1] != H.shape[-1]:
+            raise ValueError(f"G {tuple(G.shape)} and H {tuple(H.shape)} must share batch dims and h")
+        for t, ref, name in tangents:
+            if t.shape != ref.shape:
+                raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(ref.shape)}")
+
+    def inner(self, G, H, xi, eta):
+        self._check(G, H, (xi[0], G, "xi_G"), (xi[1], H, "xi_H"), (eta[0], G, "eta_G"), (eta[1], H, "eta_H"))
+        return self.kernels.inner(G, H, *xi, *eta, eps=self.eps)
+
+    def norm(self, G, H, xi):
+        return self.inner(G, H, xi, xi).clamp_min(0).sqrt()
+
+    def project_horizontal(self, G, H, xi):
+        self._check(G, H, (xi[0], G, "xi_G"), (xi[1], H, "xi_H"))
+        return self.kernels.horizontal_projection(G, H, *xi, eps=self.eps)
+
+    def horizontal_residual(self, G, H, xi):
+        return self.kernels.horizontal_residual(G, H, *xi, eps=self.eps)
+
+    def riemannian_gradient(self, G, H, egrad):
+        self._check(G, H, (egrad[0], G, "egrad_G"), (egrad[1], H, "egrad_H"))
+        return self.kernels.riemannian_gradient(G, H, *egrad, eps=self.eps)
+
+    def geodesic_acceleration(self, G, H, xi):
+        self._check(G, H, (xi[0], G, "xi_G"), (xi[1], H, "xi_H"))
+        return self.kernels.geodesic_acceleration(G, H, *xi, eps=self.eps)
+
+    def exp2(self, G, H, xi):
+        """Second-order geodesic γ(1) ≈ θ + ξ + ½ γ̈(0)."""
+        aG, aH = self.geodesic_acceleration(G, H, xi)
+        return G + xi[0] + 0.5 * aG, H + xi[1] + 0.5 * aH
+
+    def act(self, G, H, A):
+        return self.kernels.act(G, H, A)
+
+
+def gl_pair(metric: str = "mix", eps: float = 0.0) -> GLPairGeometry:
+    """The quotient geometry of GL(h) pairs; ``metric`` in {"inv", "mix"}, relaxation ``eps`` ≥ 0."""
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; choose one of {METRICS}")
+    if not eps >= 0:
+        raise ValueError(f"relaxation eps must be >= 0, got {eps}")
+    return GLPairGeometry(metric, float(eps))
+
+
+@dataclass(frozen=True)
+class AdaptiveGeometry:
+    """Element-wise adaptive geometry: ξ = c ⊙ δ, c = |w| + offset, ‖ξ‖ = ‖ξ ⊘ c‖₂.
+
+    Coordinates with c = 0 cannot move (their ξ is 0 and contributes 0 to the norm)."""
+
+    offset: float = 0.0
+
+    def scale(self, w):
+        return w.abs() + self.offset
+
+    def inner(self, w, xi, eta):
+        c = self.scale(w)
+        safe = torch.where(c > 0, c, torch.ones_like(c))
+        return torch.where(c > 0, xi * eta / safe**2, torch.zeros_like(c)).sum()
+
+    def riemannian_gradient(self, w, egrad):
+        return self.scale(w) ** 2 * egrad

@@ -1,0 +1,348 @@
+"""Adaptive and geodesic worst-case sharpness of whole models (paper Appendix C).
+
+    S(θ) = max_{ξ horizontal, ‖ξ‖ ≤ ρ}  L_B(γ_ξ(1)) − L_B(θ),   averaged over batches B.
+
+* **adaptive** (Kwon et al. 2021; Andriushchenko et al. 2023): γ_ξ(1) = θ + ξ, ξ = |θ| ⊙ δ, the norm is
+  ‖δ‖₂ = ‖ξ ⊘ |θ|‖₂; every parameter is perturbed unless excluded.
+* **geodesic** (paper Algorithm 1): every GL(h) attention pair (per head, from
+  :func:`geosharp_ref.symmetry_map.symmetry_map`) uses its quotient geometry (``inv`` or ``mix``),
+  γ_ξ(1) ≈ θ + ξ + ½ γ̈(0) with γ̈(0) = −Γ(ξ, ξ) from the generated kernels, ξ horizontal; all other
+  parameters use the adaptive recipe; ‖ξ‖² = Σ_pairs g(ξ, ξ) + Σ_rest ‖ξ ⊘ |θ|‖².
+
+The maximisation is Auto-PGD (:mod:`geosharp_ref.apgd`) on ξ. The ascent direction is the horizontal
+Riemannian gradient 𝔾_θ⁻¹ ∇_ξ F of F(ξ) = L(γ_ξ(1)), with ∇_ξ F from autograd through the geodesic
+map (to first order this is Algorithm 1's gradient at the perturbed weights, converted at θ).
+
+Ablations (paper App. G): ``geodesic_correction=False`` uses γ_ξ(1) = θ + ξ; ``metric_norm=False``
+measures and steps the pair components in the Frobenius norm (still projected horizontally).
+
+The model's parameters are never modified (``torch.func.functional_call`` on new tensors).
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from .apgd import apgd
+from .geometry import AdaptiveGeometry, gl_pair
+from .symmetry_map import symmetry_map as build_symmetry_map
+
+__all__ = ["SharpnessResult", "PerturbationSpace", "adaptive_sharpness", "geodesic_sharpness",
+           "default_loss", "model_loss"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Loss plumbing
+# ------------------------------------------------------------------------------------------------
+
+def _logits(out):
+    if hasattr(out, "logits"):
+        return out.logits
+    if isinstance(out, (tuple, list)):
+        return out[0]
+    return out
+
+
+def default_loss(logits, targets):
+    """Mean cross-entropy over all positions (logits (..., C), integer targets (...))."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def _call(model, params, inputs):
+    if isinstance(inputs, dict):
+        return functional_call(model, params, args=(), kwargs=inputs)
+    return functional_call(model, params, args=(inputs,))
+
+
+def model_loss(model, params, batch, loss_fn=default_loss):
+    inputs, targets = batch
+    return loss_fn(_logits(_call(model, params, inputs)), targets)
+
+
+def _to(x, device, dtype):
+    if isinstance(x, dict):
+        return {k: _to(v, device, dtype) for k, v in x.items()}
+    if torch.is_tensor(x):
+        x = x.to(device)
+        return x.to(dtype) if x.is_floating_point() else x
+    return x
+
+
+def _check_finite_batch(batch, i):
+    inputs, targets = batch
+    items = inputs.items() if isinstance(inputs, dict) else [("inputs", inputs)]
+    for name, t in list(items) + [("targets", targets)]:
+        if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(t).all():
+            raise ValueError(f"batch {i}: {name} contains NaN or inf; clean the data before evaluating")
+
+
+# ------------------------------------------------------------------------------------------------
+# The perturbation space
+# ------------------------------------------------------------------------------------------------
+
+class PerturbationSpace:
+    """Tangent space at θ: GL(h) pair components (per group, all heads stacked) + adaptive rest.
+
+    A tangent vector is a list ``[ξ_G¹, ξ_H¹, …, ξ_G^K, ξ_H^K, ξ_a¹, …]`` following ``self.groups``
+    then ``self.adaptive_names``."""
+
+    def __init__(self, params: dict, groups=(), adaptive_masks=None, metric: Optional[str] = None,
+                 eps: float = 0.0, geodesic_correction: bool = True, metric_norm: bool = True,
+                 adaptive_offset: float = 0.0, exclude: Iterable[str] = ()):
+        self.base = params
+        self.groups = list(groups)
+        self.geometry = gl_pair(metric, eps) if (metric and self.groups) else None
+        self.geodesic_correction = geodesic_correction
+        self.metric_norm = metric_norm
+        self.adaptive = AdaptiveGeometry(adaptive_offset)
+        self.pairs = [g.extract(params) for g in self.groups]
+        exclude = set(exclude)
+        masks = adaptive_masks if adaptive_masks is not None else {n: None for n in params}
+        self.adaptive_names = [n for n in masks if n not in exclude and params[n].is_floating_point()]
+        self.masks = [masks[n] for n in self.adaptive_names]
+        self.scales = []
+        for n, m in zip(self.adaptive_names, self.masks):
+            c = self.adaptive.scale(params[n])
+            self.scales.append(c if m is None else c * m.to(c.dtype))
+        self._check_pairs()
+
+    def _check_pairs(self):
+        for grp, (G, H) in zip(self.groups, self.pairs):
+            for name, X in (("G", G), ("H", H)):
+                S = X.mT @ X
+                ev = torch.linalg.eigvalsh(S)
+                eps = self.geometry.eps if self.geometry else 0.0
+                bad = (ev[..., 0] + eps) <= 1e-12 * ev[..., -1].clamp_min(1e-300)
+                if bool(bad.any()):
+                    heads = bad.nonzero().flatten().tolist()
+                    raise ValueError(
+                        f"{grp.key}: {name} is rank deficient for heads {heads} "
+                        f"(smallest eigenvalue of {name}ᵀ{name} {float(ev[..., 0].min()):.3g}); "
+                        "pass a relaxation eps > 0 (paper App. H.2), e.g. eps=1e-6"
+                    )
+
+    # -- vectors ---------------------------------------------------------------------------------
+    def zeros(self):
+        out = []
+        for G, H in self.pairs:
+            out += [torch.zeros_like(G), torch.zeros_like(H)]
+        return out + [torch.zeros_like(self.base[n]) for n in self.adaptive_names]
+
+    def random(self, rho, generator=None):
+        """Random start drawn equivariantly: (W_G G, W_H H) with W random square matrices transforms
+        like a tangent vector under (G A, H A⁻ᵀ), so invariance of the result is preserved."""
+        out = []
+        dev = self.base[next(iter(self.base))].device
+        for G, H in self.pairs:
+            for X in (G, H):
+                W = torch.randn(X.shape[:-2] + (X.shape[-2], X.shape[-2]), generator=generator,
+                                dtype=X.dtype).to(dev) / math.sqrt(X.shape[-2])
+                out.append(W @ X)
+        for c in self.scales:
+            out.append(c * torch.randn(c.shape, generator=generator, dtype=c.dtype).to(dev))
+        u = float(torch.rand((), generator=generator))
+        return self._scale_to(self.project_horizontal(out), rho * u)
+
+    def _split(self, xi):
+        k = 2 * len(self.groups)
+        return xi[:k], xi[k:]
+
+    def inner(self, xi, eta):
+        px, ax = self._split(xi)
+        pe, ae = self._split(eta)
+        total = 0.0
+        for i, (G, H) in enumerate(self.pairs):
+            a, b = (px[2 * i], px[2 * i + 1]), (pe[2 * i], pe[2 * i + 1])
+            if self.geometry is not None and self.metric_norm:
+                total = total + self.geometry.inner(G, H, a, b).sum()
+            else:
+                total = total + (a[0] * b[0]).sum() + (a[1] * b[1]).sum()
+        for c, x, e in zip(self.scales, ax, ae):
+            safe = torch.where(c > 0, c, torch.ones_like(c))
+            total = total + torch.where(c > 0, x * e / safe**2, torch.zeros_like(c)).sum()
+        return total
+
+    def norm(self, xi):
+        return float(self.inner(xi, xi)) ** 0.5
+
+    def project_horizontal(self, xi):
+        px, ax = self._split(xi)
+        out = []
+        for i, (G, H) in enumerate(self.pairs):
+            a = (px[2 * i], px[2 * i + 1])
+            out += list(self.geometry.project_horizontal(G, H, a)) if self.geometry else list(a)
+        return out + [x * (c > 0) for c, x in zip(self.scales, ax)]
+
+    def _scale_to(self, xi, radius):
+        n = self.norm(xi)
+        return xi if n == 0 else [x * (radius / n) for x in xi]
+
+    def project(self, xi, rho):
+        xi = self.project_horizontal(xi)
+        n = self.norm(xi)
+        return xi if n <= rho else [x * (rho / n) for x in xi]
+
+    def ascent_direction(self, xi, egrad):
+        """Horizontal Riemannian gradient 𝔾_θ⁻¹ ∇ at the base point θ."""
+        pg, ag = self._split(egrad)
+        out = []
+        for i, (G, H) in enumerate(self.pairs):
+            e = (pg[2 * i], pg[2 * i + 1])
+            if self.geometry is not None and self.metric_norm:
+                out += list(self.geometry.riemannian_gradient(G, H, e))
+            else:
+                out += list(e)
+        out += [c**2 * g for c, g in zip(self.scales, ag)]
+        return self.project_horizontal(out)
+
+    # -- the perturbed model ---------------------------------------------------------------------
+    def perturbed_params(self, xi):
+        px, ax = self._split(xi)
+        params = dict(self.base)
+        for i, (grp, (G, H)) in enumerate(zip(self.groups, self.pairs)):
+            a = (px[2 * i], px[2 * i + 1])
+            if self.geometry is not None and self.geodesic_correction:
+                Gn, Hn = self.geometry.exp2(G, H, a)
+            else:
+                Gn, Hn = G + a[0], H + a[1]
+            params = grp.insert(params, Gn, Hn)
+        for n, m, x in zip(self.adaptive_names, self.masks, ax):
+            params[n] = params[n] + (x if m is None else x * m.to(x.dtype))
+        return params
+
+
+# ------------------------------------------------------------------------------------------------
+# Results
+# ------------------------------------------------------------------------------------------------
+
+@dataclass
+class SharpnessResult:
+    """Sharpness averaged over batches, with everything needed to audit it."""
+
+    measure: str
+    rho: float
+    mean: float
+    per_batch: list
+    loss_before: list
+    loss_after: list
+    perturbation_norms: list
+    seconds: float
+    config: dict = field(default_factory=dict)
+    trajectories: list = field(default_factory=list, repr=False)
+
+    def to_dict(self, trajectories: bool = False):
+        d = asdict(self)
+        if not trajectories:
+            d.pop("trajectories")
+        return d
+
+
+# ------------------------------------------------------------------------------------------------
+
+def _prepare(model, batches, rho, dtype):
+    if not (isinstance(rho, (int, float)) and rho > 0 and math.isfinite(rho)):
+        raise ValueError(f"rho must be a positive finite number, got {rho!r}")
+    batches = list(batches)
+    if not batches:
+        raise ValueError("no batches given: pass at least one (inputs, targets) batch")
+    for i, b in enumerate(batches):
+        if not (isinstance(b, (tuple, list)) and len(b) == 2):
+            raise ValueError(f"batch {i} must be a pair (inputs, targets), got {type(b).__name__}")
+        _check_finite_batch(b, i)
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    for n, p in params.items():
+        if p.is_floating_point() and not torch.isfinite(p).all():
+            raise ValueError(f"parameter {n!r} contains NaN or inf; sharpness is undefined")
+    device = next(iter(params.values())).device
+    dtype = dtype or next(iter(params.values())).dtype
+    params = {n: p.to(dtype) for n, p in params.items()}
+    batches = [(_to(x, device, dtype), _to(y, device, None)) for x, y in batches]
+    return params, batches, device, dtype
+
+
+def _evaluate(model, measure, batches, rho, *, metric=None, smap=None, n_iter=20, loss_fn=default_loss,
+              eps=0.0, geodesic_correction=True, metric_norm=True, random_start=False, seed=0,
+              dtype=None, exclude=(), adaptive_offset=0.0, progress=False, keep_trajectories=False):
+    t0 = time.perf_counter()
+    params, batches, device, dtype = _prepare(model, batches, rho, dtype)
+    if dtype != next(model.parameters()).dtype:
+        model = copy.deepcopy(model).to(dtype)
+    groups, masks = (), None
+    if smap is not None:
+        groups, masks = smap.groups, smap.adaptive_masks
+    space = PerturbationSpace(params, groups, masks, metric=metric, eps=eps,
+                              geodesic_correction=geodesic_correction, metric_norm=metric_norm,
+                              adaptive_offset=adaptive_offset, exclude=exclude)
+    was_training = model.training
+    model.eval()
+    gen = torch.Generator().manual_seed(seed)
+    per, before, after, norms, trajs = [], [], [], [], []
+    iterator = batches
+    if progress:
+        from tqdm.auto import tqdm
+        iterator = tqdm(batches, desc=f"{measure} sharpness", unit="batch")
+    try:
+        for batch in iterator:
+            def f_and_grad(xi):
+                xi = [x.detach().requires_grad_(True) for x in xi]
+                loss = model_loss(model, space.perturbed_params(xi), batch, loss_fn)
+                grads = torch.autograd.grad(loss, xi, allow_unused=True)
+                grads = [torch.zeros_like(x) if g is None else g for x, g in zip(xi, grads)]
+                return float(loss.detach()), grads
+
+            with torch.no_grad():
+                l0 = float(model_loss(model, params, batch, loss_fn))
+            res = apgd(f_and_grad, space, rho, n_iter=n_iter, random_start=random_start, generator=gen)
+            best = max(res.best_value, l0)
+            per.append(best - l0)
+            before.append(l0)
+            after.append(best)
+            norms.append(space.norm(res.best_xi) if res.best_value >= l0 else 0.0)
+            if keep_trajectories:
+                trajs.append(res.values)
+    finally:
+        model.train(was_training)
+    config = dict(metric=metric, n_iter=n_iter, eps=eps, geodesic_correction=geodesic_correction,
+                  metric_norm=metric_norm, random_start=random_start, seed=seed, dtype=str(dtype),
+                  pairs=len(groups), heads=sum(g.num_heads for g in groups),
+                  adaptive_params=len(space.adaptive_names))
+    return SharpnessResult(measure=measure, rho=float(rho), mean=sum(per) / len(per), per_batch=per,
+                           loss_before=before, loss_after=after, perturbation_norms=norms,
+                           seconds=time.perf_counter() - t0, config=config, trajectories=trajs)
+
+
+def adaptive_sharpness(model, batches, rho, *, n_iter=20, loss_fn=default_loss, exclude=(),
+                       random_start=False, seed=0, dtype=None, offset=0.0, progress=False,
+                       keep_trajectories=False) -> SharpnessResult:
+    """Worst-case L2 adaptive sharpness: max_{‖δ‖₂ ≤ ρ} L(θ + |θ| ⊙ δ) − L(θ), mean over batches."""
+    return _evaluate(model, "adaptive", batches, rho, n_iter=n_iter, loss_fn=loss_fn, exclude=exclude,
+                     random_start=random_start, seed=seed, dtype=dtype, adaptive_offset=offset,
+                     progress=progress, keep_trajectories=keep_trajectories)
+
+
+def geodesic_sharpness(model, batches, rho, *, metric="mix", n_iter=20, loss_fn=default_loss,
+                       eps=0.0, geodesic_correction=True, metric_norm=True, symmetry_map=None,
+                       exclude=(), random_start=False, seed=0, dtype=None, progress=False,
+                       keep_trajectories=False) -> SharpnessResult:
+    """Geodesic sharpness on the quotient by the attention GL(h) symmetries (paper Algorithm 1).
+
+    ``symmetry_map`` defaults to :func:`geosharp_ref.symmetry_map.symmetry_map` of the model; a model
+    with no recognised attention falls back to adaptive sharpness everywhere (with a warning)."""
+    if metric not in ("inv", "mix"):
+        raise ValueError(f"unknown metric {metric!r}; choose 'inv' or 'mix'")
+    smap = symmetry_map if symmetry_map is not None else build_symmetry_map(model)
+    if not smap.groups:
+        warnings.warn("no GL(h) attention pairs found: geodesic sharpness equals adaptive sharpness here",
+                      stacklevel=2)
+    return _evaluate(model, f"geodesic-{metric}", batches, rho, metric=metric, smap=smap, n_iter=n_iter,
+                     loss_fn=loss_fn, eps=eps, geodesic_correction=geodesic_correction,
+                     metric_norm=metric_norm, random_start=random_start, seed=seed, dtype=dtype,
+                     exclude=exclude, progress=progress, keep_trajectories=keep_trajectories)
