@@ -1,0 +1,105 @@
+"""Auto-PGD: checkpoint schedule, and agreement with exact trust-region maxima (rung 6 flavour)."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+from scipy.optimize import brentq
+
+from geosharp_ref.apgd import apgd, apgd_checkpoints
+
+
+def test_checkpoints_follow_croce_hein_schedule():
+    p = [0.0, 0.22]
+    while p[-1] < 1:
+        p.append(p[-1] + max(p[-1] - p[-2] - 0.03, 0.06))
+    for n in (10, 20, 100):
+        expected = sorted({math.ceil(x * n - 1e-9) for x in p[1:] if x <= 1})
+        assert apgd_checkpoints(n) == [w for w in expected if 0 < w <= n]
+    assert apgd_checkpoints(20)[:3] == [5, 9, 12]
+
+
+class EuclideanBall:
+    """Plain Euclidean space: the simplest space object APGD accepts."""
+
+    def __init__(self, dim):
+        self.dim = dim
+
+    def zeros(self):
+        return [torch.zeros(self.dim, dtype=torch.float64)]
+
+    def random(self, rho, generator=None):
+        return [torch.randn(self.dim, generator=generator, dtype=torch.float64)]
+
+    def inner(self, a, b):
+        return sum((x * y).sum() for x, y in zip(a, b))
+
+    def ascent_direction(self, x, g):
+        return g
+
+    def project(self, xi, rho):
+        n = float(self.inner(xi, xi)) ** 0.5
+        return xi if n <= rho else [x * (rho / n) for x in xi]
+
+
+def trust_region_max(M, g, rho):
+    """max_{‖δ‖ ≤ ρ} ½ δᵀMδ + gᵀδ for symmetric M (secular equation; generic g)."""
+    w, V = np.linalg.eigh(M)
+    c = V.T @ g
+    if w[-1] <= 0 and np.linalg.norm(np.linalg.lstsq(-M, g, rcond=None)[0]) <= rho and np.all(w < 0):
+        d = np.linalg.solve(-M, g)
+        return 0.5 * d @ M @ d + g @ d
+    lo = max(w[-1], 0.0) + 1e-14
+    phi = lambda lam: np.linalg.norm(c / (lam - w)) - rho
+    hi = lo + 1.0
+    while phi(hi) > 0:
+        hi *= 2
+    lam = brentq(phi, lo + 1e-15 if phi(lo + 1e-15) > 0 else lo, hi, xtol=1e-15)
+    d = V @ (c / (lam - w))
+    return 0.5 * d @ M @ d + g @ d
+
+
+@settings(max_examples=10)
+@given(seed=st.integers(0, 10_000), dim=st.integers(2, 12), log_rho=st.floats(-2, 0.5))
+def test_apgd_reaches_trust_region_maximum(seed, dim, log_rho):
+    rng = np.random.default_rng(seed)
+    B = rng.standard_normal((dim, dim))
+    M = B @ B.T / dim  # convex quadratic: the maximiser lies on the sphere
+    g = rng.standard_normal(dim)
+    rho = 10 ** log_rho
+    Mt, gt = torch.tensor(M), torch.tensor(g)
+
+    def f_and_grad(x):
+        v = x[0]
+        return float(0.5 * v @ Mt @ v + gt @ v), [Mt @ v + gt]
+
+    res = apgd(f_and_grad, EuclideanBall(dim), rho, n_iter=100)
+    best = trust_region_max(M, g, rho)
+    assert res.best_value <= best * (1 + 1e-9) + 1e-12  # never above the true maximum
+    assert res.best_value >= 0.99 * best
+    assert float(res.best_xi[0].norm()) <= rho * (1 + 1e-12)
+
+
+def test_apgd_halves_steps_and_keeps_best_iterate():
+    dim = 6
+    M = torch.eye(dim, dtype=torch.float64)
+
+    def f_and_grad(x):  # concave: optimum inside the ball, forces oscillation and halving
+        v = x[0]
+        target = torch.full((dim,), 0.1, dtype=torch.float64)
+        return float(-((v - target) ** 2).sum()), [-2 * (v - target)]
+
+    res = apgd(f_and_grad, EuclideanBall(dim), 1.0, n_iter=20)
+    assert res.step_sizes[0] == 2.0 and min(res.step_sizes) < 2.0
+    assert res.best_value == max(res.values)
+    assert res.best_value > -1e-3
+
+
+def test_apgd_is_deterministic_with_random_start():
+    def f_and_grad(x):
+        return float((x[0] ** 3).sum()), [3 * x[0] ** 2]
+
+    runs = [apgd(f_and_grad, EuclideanBall(4), 0.5, n_iter=10, random_start=True,
+                 generator=torch.Generator().manual_seed(3)).values for _ in range(2)]
+    assert runs[0] == runs[1]

@@ -1,0 +1,81 @@
+"""Sharpness against independent computations: the exact trust-region maximum of a quadratic
+(adaptive, linear regression) and the first-order expansion S(ρ)/ρ → ‖horizontal Riemannian gradient‖."""
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from geosharp_ref.sharpness import PerturbationSpace, adaptive_sharpness, geodesic_sharpness, model_loss
+from geosharp_ref.symmetry_map import symmetry_map
+from tests.geosharp_ref.test_apgd import trust_region_max
+
+
+def mse(out, y):
+    return ((out.squeeze(-1) - y) ** 2).mean()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_adaptive_sharpness_of_linear_regression_equals_trust_region_maximum(seed):
+    """L(w + |w|⊙δ) − L(w) = ½δᵀMδ + gᵀδ with M = 2 C XᵀX C / n, g = 2 C Xᵀr / n, C = diag|w|."""
+    torch.manual_seed(seed)
+    d, n = 6, 20
+    model = nn.Linear(d, 1, bias=False).double()
+    X = torch.randn(n, d, dtype=torch.float64)
+    y = torch.randn(n, dtype=torch.float64)
+    rho = 0.3
+    res = adaptive_sharpness(model, [(X, y)], rho, n_iter=100, loss_fn=mse)
+    w = model.weight.detach()[0].numpy()
+    C = np.diag(np.abs(w))
+    Xn = X.numpy()
+    r = Xn @ w - y.numpy()
+    M = 2 * C @ Xn.T @ Xn @ C / n
+    g = 2 * C @ Xn.T @ r / n
+    exact = trust_region_max(M, g, rho)
+    assert res.mean <= exact * (1 + 1e-9)
+    assert res.mean >= 0.99 * exact
+    assert abs(res.perturbation_norms[0] - rho) < 1e-9
+
+
+class TinyAttention(nn.Module):
+    def __init__(self, d=8, heads=2, classes=3):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x):
+        return self.head(self.attn(x, x, x, need_weights=False)[0].mean(1))
+
+
+@pytest.mark.parametrize("metric", ["inv", "mix"])
+def test_small_rho_geodesic_sharpness_is_rho_times_riemannian_gradient_norm(metric):
+    torch.manual_seed(0)
+    model = TinyAttention().double()
+    for p in model.parameters():
+        p.data.mul_(3.0)
+    batch = (torch.randn(4, 5, 8, dtype=torch.float64), torch.randint(0, 3, (4,)))
+    smap = symmetry_map(model)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    space = PerturbationSpace(params, smap.groups, smap.adaptive_masks, metric=metric)
+    xi = [x.requires_grad_(True) for x in space.zeros()]
+    loss = model_loss(model, space.perturbed_params(xi), batch)
+    grad = torch.autograd.grad(loss, xi)
+    rg = space.ascent_direction(space.zeros(), list(grad))
+    gnorm = space.norm(rg)
+    rho = 1e-5
+    res = geodesic_sharpness(model, [batch], rho, metric=metric, n_iter=10)
+    assert res.mean / rho == pytest.approx(gnorm, rel=2e-3)
+    # the first-order adaptive value differs: the geometries are different
+    ad = adaptive_sharpness(model, [batch], rho, n_iter=10)
+    assert abs(ad.mean / rho - gnorm) / gnorm > 1e-2
+
+
+def test_parameters_untouched_and_training_flag_restored():
+    torch.manual_seed(1)
+    model = TinyAttention().double().train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    batch = (torch.randn(2, 5, 8, dtype=torch.float64), torch.randint(0, 3, (2,)))
+    geodesic_sharpness(model, [batch], 0.1, metric="inv", n_iter=3)
+    adaptive_sharpness(model, [batch], 0.1, n_iter=3)
+    assert model.training
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k])
