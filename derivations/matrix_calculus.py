@@ -187,6 +187,8 @@ def _d_matrix(expr, dirs):
             return _d_matrix(Inverse(expr.base), dirs)
         if e.is_Integer and e > 0:
             return _d_matrix(MatMul(*([expr.base] * int(e))), dirs)
+        if e.is_Integer and e < -1:  # A⁻ᵏ = (A⁻¹)ᵏ
+            return _d_matrix(MatMul(*([Inverse(expr.base)] * int(-e))), dirs)
     raise NotImplementedError(f"directional derivative of {type(expr).__name__}: {expr}")
 
 
@@ -307,13 +309,16 @@ def linear_terms(expr, X) -> list[LinearTerm]:
     term holds the coefficient. Raises ``ValueError`` for a term that is not linear in ``X``.
     """
     if not isinstance(X, MatrixExpr):
-        coeff = sp.expand(expr).coeff(X, 1) if not isinstance(expr, MatrixExpr) else None
-        if coeff is None:
+        if isinstance(expr, MatrixExpr):
             # matrix-valued expression linear in a scalar group parameter: expr = X · M
             M = canonicalize(expr.subs(X, 1))
-            if not is_zero(canonicalize(expr.subs(X, 0))):
+            if M.has(X) or not is_zero(canonicalize(expr.subs(X, 2) - 2 * M)):
                 raise ValueError(f"expression is not linear in {X}: {expr}")
             return [LinearTerm(sp.S.One, M, None)]
+        expanded = sp.expand(expr)
+        coeff = expanded.coeff(X, 1)
+        if coeff.has(X) or sp.expand(expanded - coeff * X) != 0:
+            raise ValueError(f"expression is not linear in {X}: {expr}")
         return [LinearTerm(coeff, None, None)]
     out = []
     for term in _terms(expr):
@@ -326,7 +331,7 @@ def linear_terms(expr, X) -> list[LinearTerm]:
             raise ValueError(f"term is not a product linear in {X}: {term}")
         coeff, mats = term.as_coeff_matrices()
         idx = [i for i, m in enumerate(mats) if m.has(X)]
-        if len(idx) != 1 or mats[idx[0]] not in (X, Transpose(X)):
+        if coeff.has(X) or len(idx) != 1 or mats[idx[0]] not in (X, Transpose(X)):
             raise ValueError(f"term is not linear in {X} with {X} as a plain factor: {term}")
         i = idx[0]
         left = MatMul(*mats[:i]).doit() if i > 0 else None
