@@ -105,6 +105,9 @@ class PerturbationSpace:
         self.adaptive = AdaptiveGeometry(adaptive_offset)
         self.pairs = [g.extract(params) for g in self.groups]
         exclude = set(exclude)
+        unknown = sorted(exclude - set(params))
+        if unknown:
+            raise ValueError(f"exclude names unknown parameters {unknown}; names come from model.named_parameters()")
         masks = adaptive_masks if adaptive_masks is not None else {n: None for n in params}
         self.adaptive_names = [n for n in masks if n not in exclude and params[n].is_floating_point()]
         self.masks = [masks[n] for n in self.adaptive_names]
@@ -248,7 +251,7 @@ class SharpnessResult:
 # ------------------------------------------------------------------------------------------------
 
 def _prepare(model, batches, rho, dtype):
-    if not (isinstance(rho, (int, float)) and rho > 0 and math.isfinite(rho)):
+    if isinstance(rho, bool) or not (isinstance(rho, (int, float)) and rho > 0 and math.isfinite(rho)):
         raise ValueError(f"rho must be a positive finite number, got {rho!r}")
     batches = list(batches)
     if not batches:

@@ -79,3 +79,17 @@ def test_parameters_untouched_and_training_flag_restored():
     assert model.training
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k])
+
+
+def test_exclude_rejects_unknown_names_and_removes_parameters():
+    torch.manual_seed(2)
+    model = TinyAttention().double()
+    batch = (torch.randn(2, 5, 8, dtype=torch.float64), torch.randint(0, 3, (2,)))
+    with pytest.raises(ValueError, match="unknown parameters"):
+        adaptive_sharpness(model, [batch], 0.1, n_iter=2, exclude=["head.wieght"])
+    with pytest.raises(ValueError, match="rho"):
+        adaptive_sharpness(model, [batch], True, n_iter=2)
+    names = [n for n, _ in model.named_parameters() if n != "head.weight"]
+    only_head = adaptive_sharpness(model, [batch], 0.1, n_iter=5, exclude=names)
+    full = adaptive_sharpness(model, [batch], 0.1, n_iter=5)
+    assert only_head.config["adaptive_params"] == 1 and only_head.mean != full.mean
