@@ -135,7 +135,14 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=5, help="Auto-PGD iterations (default 5)")
     p.add_argument("--batch-size", type=int, default=4, metavar="B", help="examples in the batch (default 4)")
     p.set_defaults(func=_verify)
+    sub.add_parser("diagnet", add_help=False,
+                   help="diagonal-network experiment (paper Figure 3): `geosharp diagnet --help` for options")
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["diagnet"]:  # its own parser (geosharp_ref.diagnet.main_diagnet)
+        from .diagnet import main_diagnet
+
+        return main_diagnet(argv[1:])
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -65,3 +65,10 @@ def test_demo_runs_and_verifies(tmp_path):
                           text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "all checks passed" in proc.stdout and "gl_inv" in proc.stdout
+
+
+def test_diagnet_subcommand_is_wired(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["diagnet", "--help"])
+    assert exc.value.code == 0
+    assert "geosharp diagnet" in capsys.readouterr().out
