@@ -4,6 +4,7 @@
     geosharp demo
     geosharp evaluate MODEL_DIR --data FILE --rho R --metric adaptive|inv|mix [options]
     geosharp verify MODEL_DIR [--data FILE] [--rho 0.05] [--scales 0.01,1,100] [--seed 0]
+    geosharp population train|evaluate|correlate --out DIR [options]
 
 ``derive`` imports the SymPy engine (derivations, codegen) lazily: the evaluator's run-time commands
 (``evaluate``, ``verify``, implemented in :mod:`geosharp_ref.commands`) never import SymPy.
@@ -137,12 +138,20 @@ def main(argv=None) -> int:
     p.set_defaults(func=_verify)
     sub.add_parser("diagnet", add_help=False,
                    help="diagonal-network experiment (paper Figure 3): `geosharp diagnet --help` for options")
+    sub.add_parser("population", add_help=False,
+                   help="populations of tiny ViTs: `geosharp population train|evaluate|correlate --out DIR` "
+                        "(train offline, sharpness ρ sweep, Kendall τ vs generalization gap; torchrun-aware); "
+                        "`geosharp population --help` for options")
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["diagnet"]:  # its own parser (geosharp_ref.diagnet.main_diagnet)
         from .diagnet import main_diagnet
 
         return main_diagnet(argv[1:])
+    if argv[:1] == ["population"]:  # its own parser (geosharp_ref.population.main_population)
+        from .population import main_population
+
+        return main_population(argv[1:])
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -1,0 +1,96 @@
+"""torch.distributed plumbing for population evaluation (torchrun-compatible).
+
+Launch with ``torchrun --nproc_per_node N -m geosharp_ref.cli population evaluate --out DIR`` (or the
+``geosharp`` script): :func:`maybe_init` reads torchrun's environment (``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and initialises the default process group with
+``nccl`` when CUDA is available (one GPU per local rank) and ``gloo`` otherwise. Without those
+variables (or with ``WORLD_SIZE=1``) everything below is a single-process no-op.
+
+Sharding is by model: rank r takes ``pending[r::world]`` of the models still to evaluate (the same
+list on every rank: rank 0 computes it and broadcasts it), so the shards are disjoint and cover the
+population. Each rank writes its results to its own append-only file and also sends them to rank 0
+(``gather_object``), which merges them into one file in manifest order: the merged result does not
+depend on the number of ranks or on the order in which they finished.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["rank_world", "is_distributed", "maybe_init", "shard", "barrier", "broadcast_object",
+           "gather_objects", "default_device", "backend_for"]
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank_world():
+    """``(rank, world_size)`` of the default group, ``(0, 1)`` when not distributed."""
+    if is_distributed():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def backend_for(cuda: bool | None = None) -> str:
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    return "nccl" if cuda and dist.is_nccl_available() else "gloo"
+
+
+def default_device() -> torch.device:
+    """``cuda:LOCAL_RANK`` under an NCCL group, else CPU."""
+    if is_distributed() and dist.get_backend() == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def maybe_init(backend: str | None = None, timeout_s: float = 3600.0):
+    """Initialise the default process group from torchrun's environment if ``WORLD_SIZE`` > 1
+    (and none exists yet); destroy it on exit. Yields ``(rank, world)``."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    created = False
+    if world > 1 and not is_distributed():
+        backend = backend or backend_for()
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
+        created = True
+    try:
+        yield rank_world()
+    finally:
+        if created:
+            dist.destroy_process_group()
+
+
+def shard(items, rank: int, world: int):
+    """Rank ``rank``'s disjoint share of ``items`` (round robin: balanced when costs are similar)."""
+    return list(items)[rank::world]
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()
+
+
+def broadcast_object(obj, src: int = 0):
+    """``obj`` of rank ``src`` on every rank (unchanged when not distributed)."""
+    if not is_distributed():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def gather_objects(obj, dst: int = 0):
+    """List of every rank's ``obj`` (rank order) on ``dst``, ``None`` elsewhere; ``[obj]`` when single."""
+    if not is_distributed():
+        return [obj]
+    rank, world = rank_world()
+    out = [None] * world if rank == dst else None
+    dist.gather_object(obj, out, dst=dst)
+    return out

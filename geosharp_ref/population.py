@@ -1,0 +1,648 @@
+"""Populations of small transformers, trained offline, and the sharpness-vs-generalization study.
+
+    geosharp population train     --out DIR [--models 32] [--workers 2] [--epochs-max 30] ...
+    geosharp population evaluate  --out DIR [--rho 0.005 0.01 0.02] [--batches 4] [--batch-size 32] ...
+    geosharp population correlate --out DIR [--bootstrap 1000]
+
+Vision population (the only one so far): tiny Hugging Face ViTs (``ViTForImageClassification``,
+8×8 single-channel images, patch 2, hidden 32, 2 layers, 2 heads) trained on scikit-learn's
+``load_digits`` (1797 real 8×8 handwritten digits shipped inside the package; pixels / 16).
+
+Data split (fixed by ``split_seed``): a permutation of the 1797 images; the last ``n_test`` are the
+test set, the others the *pool*. A model trains on ``pool[:train_size]`` (nested subsets), so the
+*sharpness subset* ``pool[:batches · batch_size]`` (clean labels, fixed order, fixed batches) lies in
+every model's training set whenever ``train_size ≥ batches · batch_size``.
+
+Hyper-parameters drawn per model (``random.Random(seed · 1000 + index)``): learning rate, weight
+decay, epochs, batch size, training-set size, label noise (a fraction of training labels replaced by
+a different random class), augmentation (random ±1 pixel shifts), linear warm-up fraction, and the
+init/order seed. Train error is measured on the labels the model was trained on (noisy ones
+included), test error on the clean test set; gap = test error − train error.
+
+Layout of ``DIR``::
+
+    population.json            manifest: data split, architecture, per model hparams (+ metrics when trained)
+    models/model_000/          save_pretrained output + geosharp_model.json (hparams, metrics, split seed)
+    evaluation.json            evaluation settings (a resumed evaluate must use the same ones)
+    results.jsonl              one line per model, append-only, fsync'd; canonical order once complete
+    results.parts/rank*.jsonl  per-rank files of a distributed (torchrun) evaluation, merged at the end
+    correlation.json / .csv, correlation.png
+
+Resumability: each model directory is written to a temporary directory and moved in place with
+``os.replace`` (a model directory either exists complete or not at all), so an interrupted ``train``
+continues with the missing models. ``evaluate`` appends each model's result line with one
+``os.write`` + ``os.fsync`` as soon as it is computed, truncates a torn last line on restart and skips
+models already present, so a kill at any moment loses at most the model in progress and never
+duplicates one. Under ``torchrun`` (``WORLD_SIZE`` > 1) ranks take disjoint shards of the pending
+models (see :mod:`geosharp_ref.distributed`) and rank 0 merges everything into ``results.jsonl`` in
+manifest order, byte-identical to a single-process run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = ["VISION_ARCH", "sample_hparams", "load_digits_split", "train_one", "train_population",
+           "read_manifest", "sharpness_batches", "evaluate_model", "evaluate_population", "read_results",
+           "correlate_population", "main_population", "MEASURES", "DEFAULT_RHOS"]
+
+MANIFEST = "population.json"
+RESULTS = "results.jsonl"
+PARTS = "results.parts"
+EVAL_CONFIG = "evaluation.json"
+MEASURES = ("adaptive", "geodesic-inv", "geodesic-mix")
+DEFAULT_RHOS = (0.005, 0.01, 0.02)
+VISION_ARCH = dict(image_size=8, patch_size=2, num_channels=1, hidden_size=32, num_hidden_layers=2,
+                   num_attention_heads=2, intermediate_size=64, num_labels=10, hidden_dropout_prob=0.0,
+                   attention_probs_dropout_prob=0.0)
+HPARAM_CHOICES = dict(lr=(3e-4, 1e-3, 3e-3), weight_decay=(0.0, 0.01, 0.1), batch_size=(16, 32, 64),
+                      train_size=(150, 300, 600, 1200), label_noise=(0.0, 0.0, 0.1, 0.25),
+                      augment=(False, True), warmup=(0.0, 0.1))
+
+
+# ------------------------------------------------------------------------------------------------
+# Small file helpers
+# ------------------------------------------------------------------------------------------------
+
+def _write_json_atomic(path: Path, obj) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------------------------------------
+# Data
+# ------------------------------------------------------------------------------------------------
+
+def load_digits_split(split_seed: int = 0, n_test: int = 597):
+    """``(x_pool, y_pool, x_test, y_test)``: sklearn digits as (N, 1, 8, 8) float32 in [0, 1]."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(d.target, dtype=torch.long)
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(split_seed))
+    x, y = x[perm], y[perm]
+    n_pool = len(y) - n_test
+    return x[:n_pool], y[:n_pool], x[n_pool:], y[n_pool:]
+
+
+def sample_hparams(index: int, seed: int = 0, epochs_max: int = 30, train_size_max: int | None = None) -> dict:
+    """Hyper-parameters of model ``index`` (deterministic in ``seed``, ``index``)."""
+    rng = random.Random(seed * 1000 + index)
+    h = {k: rng.choice(v) for k, v in HPARAM_CHOICES.items()}
+    h["epochs"] = rng.randint(max(1, epochs_max // 6), epochs_max)
+    if train_size_max is not None:
+        h["train_size"] = min(h["train_size"], train_size_max)
+    h["seed"] = rng.randrange(2 ** 31)
+    return h
+
+
+def _shift(x, gen):
+    """Random ±1 pixel shifts (zero fill), one per image."""
+    n = x.shape[0]
+    pad = torch.nn.functional.pad(x, (1, 1, 1, 1))
+    dx = torch.randint(0, 3, (n,), generator=gen)
+    dy = torch.randint(0, 3, (n,), generator=gen)
+    out = torch.empty_like(x)
+    for i in range(3):
+        for j in range(3):
+            m = (dy == i) & (dx == j)
+            if m.any():
+                out[m] = pad[m, :, i:i + 8, j:j + 8]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Training
+# ------------------------------------------------------------------------------------------------
+
+def _vit_config(arch):
+    import transformers
+
+    return transformers.ViTConfig(**arch)
+
+
+@torch.no_grad()
+def _error_and_loss(model, x, y, bs=512):
+    wrong, loss = 0, 0.0
+    for i in range(0, len(y), bs):
+        logits = model(pixel_values=x[i:i + bs]).logits
+        wrong += int((logits.argmax(-1) != y[i:i + bs]).sum())
+        loss += float(torch.nn.functional.cross_entropy(logits, y[i:i + bs], reduction="sum"))
+    return wrong / len(y), loss / len(y)
+
+
+def train_one(hparams: dict, data, arch=VISION_ARCH):
+    """Train one ViT; returns ``(model, metrics)``. ``data`` is :func:`load_digits_split`'s tuple."""
+    import transformers
+
+    x_pool, y_pool, x_test, y_test = data
+    h = hparams
+    n = min(h["train_size"], len(y_pool))
+    x_tr, y_clean = x_pool[:n], y_pool[:n]
+    gen = torch.Generator().manual_seed(h["seed"])
+    y_tr = y_clean.clone()
+    n_noisy = int(round(h["label_noise"] * n))
+    if n_noisy:
+        idx = torch.randperm(n, generator=gen)[:n_noisy]
+        y_tr[idx] = (y_tr[idx] + torch.randint(1, arch["num_labels"], (n_noisy,), generator=gen)) % arch["num_labels"]
+    torch.manual_seed(h["seed"])
+    model = transformers.ViTForImageClassification(_vit_config(arch))
+    opt = torch.optim.AdamW(model.parameters(), lr=h["lr"], weight_decay=h["weight_decay"])
+    bs = h["batch_size"]
+    steps_per_epoch = math.ceil(n / bs)
+    total = steps_per_epoch * h["epochs"]
+    warm = int(h["warmup"] * total)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+    model.train()
+    for _ in range(h["epochs"]):
+        perm = torch.randperm(n, generator=gen)
+        for i in range(0, n, bs):
+            b = perm[i:i + bs]
+            xb = _shift(x_tr[b], gen) if h["augment"] else x_tr[b]
+            loss = torch.nn.functional.cross_entropy(model(pixel_values=xb).logits, y_tr[b])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+    model.eval()
+    train_err, train_loss = _error_and_loss(model, x_tr, y_tr)
+    train_err_clean, _ = _error_and_loss(model, x_tr, y_clean)
+    test_err, test_loss = _error_and_loss(model, x_test, y_test)
+    metrics = dict(train_error=train_err, train_loss=train_loss, train_error_clean_labels=train_err_clean,
+                   test_error=test_err, test_loss=test_loss, gap=test_err - train_err,
+                   train_examples=n, noisy_labels=n_noisy, steps=total)
+    return model, metrics
+
+
+def _train_task(task):
+    """Worker entry point: train one model and write its directory atomically. Returns (name, record)."""
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    root, name, hparams, data_spec, arch = task
+    root = Path(root)
+    final = root / "models" / name
+    if final.is_dir():
+        return name, json.loads((final / "geosharp_model.json").read_text())
+    t0 = time.perf_counter()
+    data = load_digits_split(data_spec["split_seed"], data_spec["n_test"])
+    model, metrics = train_one(hparams, data, arch)
+    tmp = root / "models" / f".tmp-{name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    from .commands import _quiet_transformers
+
+    with _quiet_transformers():
+        model.save_pretrained(tmp)
+    record = dict(name=name, hparams=hparams, metrics=metrics, split_seed=data_spec["split_seed"],
+                  data=data_spec, arch=arch, seconds=round(time.perf_counter() - t0, 3))
+    with open(tmp / "geosharp_model.json", "w") as f:
+        f.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    for p in tmp.iterdir():
+        with open(p, "rb") as f:
+            os.fsync(f.fileno())
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+    return name, record
+
+
+def _init_worker():
+    torch.set_num_threads(1)
+
+
+def train_population(out, n_models: int = 32, seed: int = 0, split_seed: int = 0, n_test: int = 597,
+                     epochs_max: int = 30, workers: int = 2, train_size_max: int | None = None,
+                     arch: dict | None = None, progress: bool = True) -> dict:
+    """Train (or finish training) a population in ``out``; returns the manifest.
+
+    Models whose directory exists are skipped; ``workers`` > 1 uses spawned 1-thread processes."""
+    out = Path(out)
+    (out / "models").mkdir(parents=True, exist_ok=True)
+    for stale in (out / "models").glob(".tmp-*"):  # left by a killed run
+        shutil.rmtree(stale, ignore_errors=True)
+    arch = dict(arch or VISION_ARCH)
+    data_spec = dict(dataset="sklearn.load_digits", split_seed=split_seed, n_test=n_test,
+                     pixels="images / 16, shape (1, 8, 8)")
+    plan = dict(kind="vision-vit-digits", seed=seed, epochs_max=epochs_max, train_size_max=train_size_max,
+                data=data_spec, arch=arch)
+    models = [dict(name=f"model_{i:03d}", dir=f"models/model_{i:03d}",
+                   hparams=sample_hparams(i, seed, epochs_max, train_size_max)) for i in range(n_models)]
+    mpath = out / MANIFEST
+    if mpath.exists():
+        old = json.loads(mpath.read_text())
+        if old.get("plan") != plan:
+            raise ValueError(f"{mpath} was written with different settings ({old.get('plan')}); "
+                             f"use another --out or the same options")
+    manifest = dict(format="geosharp-population/1", plan=plan, models=models, complete=False)
+    _write_json_atomic(mpath, manifest)
+
+    tasks = [(str(out), m["name"], m["hparams"], data_spec, arch) for m in models]
+    todo = [t for t in tasks if not (out / "models" / t[1]).is_dir()]
+    records = {}
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc="train population", unit="model",
+               disable=not progress)
+    if workers > 1 and len(todo) > 1:
+        import concurrent.futures as cf
+        import multiprocessing as mp
+
+        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
+                                    initializer=_init_worker) as ex:
+            for fut in cf.as_completed([ex.submit(_train_task, t) for t in todo]):
+                name, rec = fut.result()
+                records[name] = rec
+                bar.update(1)
+    else:
+        threads = torch.get_num_threads()
+        try:
+            for t in todo:
+                name, rec = _train_task(t)
+                records[name] = rec
+                bar.update(1)
+        finally:
+            torch.set_num_threads(threads)
+    bar.close()
+    for m in models:
+        rec = records.get(m["name"]) or json.loads((out / m["dir"] / "geosharp_model.json").read_text())
+        m["metrics"] = rec["metrics"]
+    manifest["complete"] = True
+    _write_json_atomic(mpath, manifest)
+    return manifest
+
+
+def read_manifest(out) -> dict:
+    path = Path(out) / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist; run `geosharp population train --out {out}` first")
+    man = json.loads(path.read_text())
+    if not man.get("complete"):
+        raise ValueError(f"population in {out} is not completely trained; rerun `geosharp population train "
+                         f"--out {out}` (it resumes)")
+    return man
+
+
+# ------------------------------------------------------------------------------------------------
+# Evaluation
+# ------------------------------------------------------------------------------------------------
+
+def sharpness_batches(manifest, n_batches: int, batch_size: int):
+    """The fixed sharpness batches: ``pool[:n_batches · batch_size]`` with clean labels, in order."""
+    spec = manifest["plan"]["data"]
+    x_pool, y_pool, _, _ = load_digits_split(spec["split_seed"], spec["n_test"])
+    need = n_batches * batch_size
+    if need > len(y_pool):
+        raise ValueError(f"{n_batches} × {batch_size} = {need} sharpness examples requested; the pool has {len(y_pool)}")
+    return [({"pixel_values": x_pool[i * batch_size:(i + 1) * batch_size]},
+             y_pool[i * batch_size:(i + 1) * batch_size]) for i in range(n_batches)]
+
+
+def _rho_key(rho) -> str:
+    return f"{float(rho):g}"
+
+
+def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, seed: int = 0) -> dict:
+    """``{measure: {rho_key: mean sharpness}}`` plus the loss on the batches (deterministic)."""
+    from .sharpness import adaptive_sharpness, geodesic_sharpness
+    from .symmetry_map import symmetry_map as build_symmetry_map
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        smap = build_symmetry_map(model)
+    values, loss = {}, None
+    for measure in measures:
+        values[measure] = {}
+        for rho in rhos:
+            if measure == "adaptive":
+                r = adaptive_sharpness(model, batches, rho, n_iter=n_iter, seed=seed)
+            else:
+                r = geodesic_sharpness(model, batches, rho, metric=measure.split("-", 1)[1], n_iter=n_iter,
+                                       seed=seed, symmetry_map=smap)
+            values[measure][_rho_key(rho)] = r.mean
+            loss = sum(r.loss_before) / len(r.loss_before)
+    return dict(values=values, loss=loss, heads=sum(g.num_heads for g in smap.groups))
+
+
+def _read_jsonl(path: Path, repair: bool = False) -> list:
+    """Complete JSON lines of ``path``; with ``repair`` a torn last line (killed writer) is truncated."""
+    if not path.is_file():
+        return []
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if repair and end < len(data):
+        with open(path, "r+b") as f:
+            f.truncate(end)
+            f.flush()
+            os.fsync(f.fileno())
+    out = []
+    for line in data[:end].splitlines():
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # only possible after external tampering; recomputed then
+                continue
+    return out
+
+
+def _append_line(path: Path, record: dict) -> None:
+    line = (json.dumps(record, sort_keys=True) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_results(out) -> dict:
+    """``{model name: record}`` from ``results.jsonl`` and any per-rank part files (first wins)."""
+    out = Path(out)
+    files = [out / RESULTS] + sorted((out / PARTS).glob("rank*.jsonl"))
+    recs = {}
+    for f in files:
+        for r in _read_jsonl(f):
+            recs.setdefault(r["model"], r)
+    return recs
+
+
+def _finalize(out: Path, manifest, extra=()) -> bool:
+    """Rank 0: canonical ``results.jsonl`` (manifest order, one line per model); parts removed."""
+    recs = read_results(out)
+    for r in extra:
+        recs.setdefault(r["model"], r)
+    names = [m["name"] for m in manifest["models"]]
+    if not all(n in recs for n in names):
+        return False
+    text = "".join(json.dumps(recs[n], sort_keys=True) + "\n" for n in names)
+    path = out / RESULTS
+    if not path.is_file() or path.read_text() != text:
+        tmp = out / f".{RESULTS}.tmp-{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(out)
+    if (out / PARTS).is_dir():
+        shutil.rmtree(out / PARTS, ignore_errors=True)
+    return True
+
+
+def evaluate_population(out, rhos=DEFAULT_RHOS, measures=MEASURES, n_batches: int = 4, batch_size: int = 32,
+                        n_iter: int = 20, seed: int = 0, threads: int | None = 1, progress: bool = True,
+                        device=None) -> dict:
+    """Sharpness of every model of the population in ``out`` (resumable; torch.distributed-aware).
+
+    Returns ``{model name: record}`` (on every rank, read back from disk after the merge)."""
+    from . import distributed as gdist
+
+    out = Path(out)
+    manifest = read_manifest(out)
+    rank, world = gdist.rank_world()
+    if threads:
+        torch.set_num_threads(threads)
+    if device is None:
+        device = gdist.default_device()
+    measures = tuple(measures)
+    unknown = sorted(set(measures) - set(MEASURES))
+    if unknown:
+        raise ValueError(f"unknown measures {unknown}; choose from {list(MEASURES)}")
+    rhos = [float(r) for r in rhos]
+    if not rhos or any(not (math.isfinite(r) and r > 0) for r in rhos):
+        raise ValueError(f"every rho must be positive and finite, got {rhos}")
+    config = dict(rhos=[_rho_key(r) for r in rhos], measures=list(measures), batches=n_batches,
+                  batch_size=batch_size, iters=n_iter, seed=seed, labels="clean", subset="pool[:batches*batch_size]")
+    cpath = out / EVAL_CONFIG
+    error = None
+    if rank == 0:
+        if cpath.is_file():
+            old = json.loads(cpath.read_text())
+            if old != config:
+                error = (f"{cpath} holds other evaluation settings ({old}); use the same options to "
+                         f"resume, or delete {cpath} and {out / RESULTS} to start over")
+        else:
+            _write_json_atomic(cpath, config)
+    error = gdist.broadcast_object(error)  # every rank stops together (no rank left in a barrier)
+    if error:
+        raise ValueError(error)
+
+    if world > 1:
+        (out / PARTS).mkdir(exist_ok=True)
+        mine_path = out / PARTS / f"rank{rank}.jsonl"
+        _read_jsonl(mine_path, repair=True)
+    else:
+        mine_path = out / RESULTS
+    _read_jsonl(out / RESULTS, repair=(rank == 0))
+    done = read_results(out) if rank == 0 else None
+    done_names = gdist.broadcast_object(sorted(done) if rank == 0 else None)  # one view for every rank
+    pending = [m for m in manifest["models"] if m["name"] not in set(done_names)]
+    mine = gdist.shard(pending, rank, world)
+    batches = sharpness_batches(manifest, n_batches, batch_size)
+    outside = [m["name"] for m in manifest["models"] if m["metrics"]["train_examples"] < n_batches * batch_size]
+    if outside and rank == 0:
+        warnings.warn(f"{len(outside)} models trained on fewer than the {n_batches * batch_size} sharpness "
+                      f"examples (e.g. {outside[0]}): for them part of the sharpness subset is not training "
+                      f"data; lower --batches or --batch-size", stacklevel=2)
+
+    from tqdm.auto import tqdm
+    from .commands import load_model
+
+    new = []
+    bar = tqdm(mine, desc=f"evaluate (rank {rank}/{world})" if world > 1 else "evaluate population",
+               unit="model", disable=not progress, position=rank if world > 1 else None)
+    for m in bar:
+        model = load_model(out / m["dir"]).to(device)
+        t0 = time.perf_counter()
+        res = evaluate_model(model, batches, rhos, measures, n_iter=n_iter, seed=seed)
+        rec = dict(model=m["name"], gap=m["metrics"]["gap"], **res)
+        _append_line(mine_path, rec)
+        new.append(rec)
+        bar.set_postfix_str(f"{m['name']} {time.perf_counter() - t0:.1f}s")
+    bar.close()
+    gathered = gdist.gather_objects(new)  # rank 0: every rank's new records (no shared disk needed)
+    if rank == 0:
+        _finalize(out, manifest, extra=[r for part in gathered for r in part])
+    gdist.barrier()
+    return read_results(out)
+
+
+# ------------------------------------------------------------------------------------------------
+# Correlation
+# ------------------------------------------------------------------------------------------------
+
+def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = True, stream=None) -> dict:
+    """Kendall τ (with bootstrap CI) of each measure at each ρ against the gap; JSON, CSV, PNG, table."""
+    from .diagnet import kendall_with_ci
+
+    out = Path(out)
+    stream = stream or sys.stdout
+    manifest = read_manifest(out)
+    cfg = json.loads((out / EVAL_CONFIG).read_text())
+    recs = read_results(out)
+    names = [m["name"] for m in manifest["models"] if m["name"] in recs]
+    missing = len(manifest["models"]) - len(names)
+    if len(names) < 3:
+        raise ValueError(f"only {len(names)} evaluated models in {out}; run `geosharp population evaluate` first")
+    metrics = {m["name"]: m["metrics"] for m in manifest["models"]}
+    gap = np.array([metrics[n]["gap"] for n in names])
+    table = {}
+    for rho in cfg["rhos"]:
+        table[rho] = {}
+        for meas in cfg["measures"]:
+            x = np.array([recs[n]["values"][meas][rho] for n in names])
+            table[rho][meas] = kendall_with_ci(x, gap, n_boot=n_boot, seed=seed)
+    result = dict(models=len(names), missing=missing, bootstrap=n_boot, tau=table, evaluation=cfg,
+                  gap=dict(min=float(gap.min()), max=float(gap.max()), mean=float(gap.mean())))
+    _write_json_atomic(out / "correlation.json", result)
+    import csv
+
+    with open(out / "correlation.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["model", "train_error", "test_error", "gap"] +
+                   [f"{m}@rho={r}" for r in cfg["rhos"] for m in cfg["measures"]])
+        for n in names:
+            w.writerow([n, metrics[n]["train_error"], metrics[n]["test_error"], metrics[n]["gap"]] +
+                       [recs[n]["values"][m][r] for r in cfg["rhos"] for m in cfg["measures"]])
+    with open(out / "correlation_tau.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["rho", "measure", "tau", "ci_low", "ci_high", "p", "n"])
+        for r in cfg["rhos"]:
+            for m in cfg["measures"]:
+                t = table[r][m]
+                w.writerow([r, m, t["tau"], t["ci"][0], t["ci"][1], t["p"], t["n"]])
+    if plot:
+        _scatter(out / "correlation.png", names, recs, gap, cfg, table)
+        result["plot"] = str(out / "correlation.png")
+    print(f"Kendall τ (sharpness vs generalization gap) over {len(names)} models"
+          f"{f' ({missing} not evaluated)' if missing else ''}, 95% bootstrap CI ({n_boot} resamples)",
+          file=stream)
+    print(f"{'rho':>8s}  " + "  ".join(f"{m:>24s}" for m in cfg["measures"]), file=stream)
+    for r in cfg["rhos"]:
+        cells = []
+        for m in cfg["measures"]:
+            t = table[r][m]
+            cells.append(f"{t['tau']:+.2f} [{t['ci'][0]:+.2f}, {t['ci'][1]:+.2f}]")
+        print(f"{r:>8s}  " + "  ".join(f"{c:>24s}" for c in cells), file=stream)
+    print(f"written: {out / 'correlation.json'}, {out / 'correlation.csv'}, {out / 'correlation_tau.csv'}"
+          + (f", {out / 'correlation.png'}" if plot else ""), file=stream)
+    return result
+
+
+def _scatter(path, names, recs, gap, cfg, table):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rhos, meas = cfg["rhos"], cfg["measures"]
+    fig = Figure(figsize=(4.2 * len(meas), 3.4 * len(rhos)), constrained_layout=True)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(rhos), len(meas), squeeze=False)
+    for i, r in enumerate(rhos):
+        for j, m in enumerate(meas):
+            ax = axes[i][j]
+            x = [recs[n]["values"][m][r] for n in names]
+            ax.scatter(x, gap, s=14, alpha=0.8)
+            t = table[r][m]
+            ax.set_title(f"{m}, ρ={r}: τ={t['tau']:+.2f} [{t['ci'][0]:+.2f}, {t['ci'][1]:+.2f}]", fontsize=9)
+            ax.set_xlabel("sharpness")
+            ax.set_ylabel("generalization gap")
+    fig.savefig(path, dpi=110)
+
+
+# ------------------------------------------------------------------------------------------------
+# Command line
+# ------------------------------------------------------------------------------------------------
+
+def main_population(argv=None) -> int:
+    """``geosharp population train|evaluate|correlate``."""
+    raw = argparse.RawDescriptionHelpFormatter
+    p = argparse.ArgumentParser(prog="geosharp population", formatter_class=raw,
+                                description="Offline populations of tiny ViTs on sklearn digits and the "
+                                            "sharpness-vs-generalization study (Kendall τ).",
+                                epilog=__doc__.split("\n\n", 1)[1])
+    sub = p.add_subparsers(dest="action", required=True)
+    t = sub.add_parser("train", help="train (or resume training) a population of tiny ViTs")
+    t.add_argument("--out", required=True, metavar="DIR", help="population directory")
+    t.add_argument("--models", type=int, default=32, help="number of models (default 32)")
+    t.add_argument("--seed", type=int, default=0, help="hyper-parameter seed (default 0)")
+    t.add_argument("--split-seed", type=int, default=0, help="train/test split seed (default 0)")
+    t.add_argument("--epochs-max", type=int, default=30, help="largest number of epochs drawn (default 30)")
+    t.add_argument("--train-size-max", type=int, default=None, help="cap on the training-set sizes drawn")
+    t.add_argument("--workers", type=int, default=2, help="1-thread worker processes (default 2)")
+    t.add_argument("--no-progress", action="store_true")
+    e = sub.add_parser("evaluate", help="adaptive / geodesic-inv / geodesic-mix sharpness of every model "
+                                        "(resumable; under torchrun the ranks share the models)")
+    e.add_argument("--out", required=True, metavar="DIR", help="population directory")
+    e.add_argument("--rho", type=float, nargs="+", default=list(DEFAULT_RHOS), metavar="R",
+                   help=f"ρ sweep (default {' '.join(map(str, DEFAULT_RHOS))})")
+    e.add_argument("--measures", nargs="+", default=list(MEASURES), choices=MEASURES)
+    e.add_argument("--batches", type=int, default=4, help="fixed training batches (default 4)")
+    e.add_argument("--batch-size", type=int, default=32, help="examples per batch (default 32; batches × "
+                                                              "batch size should not exceed the smallest "
+                                                              "training set, 150 by default)")
+    e.add_argument("--iters", type=int, default=20, help="Auto-PGD iterations (default 20)")
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
+    e.add_argument("--no-progress", action="store_true")
+    c = sub.add_parser("correlate", help="Kendall τ with bootstrap CIs per measure and ρ; JSON, CSV, PNG, table")
+    c.add_argument("--out", required=True, metavar="DIR", help="population directory")
+    c.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--no-plot", action="store_true")
+    args = p.parse_args(argv)
+    try:
+        if args.action == "train":
+            man = train_population(args.out, n_models=args.models, seed=args.seed, split_seed=args.split_seed,
+                                   epochs_max=args.epochs_max, workers=args.workers,
+                                   train_size_max=args.train_size_max, progress=not args.no_progress)
+            gaps = [m["metrics"]["gap"] for m in man["models"]]
+            print(f"{len(gaps)} models in {args.out}; gap min {min(gaps):.3f} max {max(gaps):.3f}")
+        elif args.action == "evaluate":
+            from . import distributed as gdist
+
+            with gdist.maybe_init():
+                recs = evaluate_population(args.out, rhos=args.rho, measures=args.measures,
+                                           n_batches=args.batches, batch_size=args.batch_size, n_iter=args.iters,
+                                           seed=args.seed, threads=args.threads, progress=not args.no_progress)
+                if gdist.rank_world()[0] == 0:
+                    print(f"{len(recs)} models evaluated -> {Path(args.out) / RESULTS}")
+        else:
+            correlate_population(args.out, n_boot=args.bootstrap, seed=args.seed, plot=not args.no_plot)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"geosharp population: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main_population())
