@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast derive bench clean
+.PHONY: install demo test test-fast derive bench bench-quick clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,12 @@ test-fast: $(STAMP)
 
 derive: $(STAMP)
 	$(VENV)/bin/geosharp derive
+
+bench: $(STAMP)
+	$(PY) benchmarks/run.py
+
+bench-quick: $(STAMP)
+	$(PY) benchmarks/run.py --quick
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -115,7 +115,63 @@ class PerturbationSpace:
         for n, m in zip(self.adaptive_names, self.masks):
             c = self.adaptive.scale(params[n])
             self.scales.append(c if m is None else c * m.to(c.dtype))
+        # Per-space caches (they depend on the base point only): the movable mask c > 0 and the
+        # squared safe scale of the adaptive norm, so inner/projection do not rebuild them per call
+        # (bitwise the same values as computing them inline).
+        self._pos = [c > 0 for c in self.scales]
+        self._safe2 = [torch.where(p, c, torch.ones_like(c)) ** 2 for p, c in zip(self._pos, self.scales)]
+        # Groups whose (G, H) share shapes/dtype/device are stacked along the head dimension so each
+        # generated kernel runs once per bucket instead of once per layer (pays off on GPUs, where
+        # the per-call launch overhead dominates; on CPU the concatenation copies cost about what the
+        # saved calls do, so ``stack_groups=None`` enables it on non-CPU devices only).
+        self._buckets = self._make_buckets(self.stack_groups)
         self._check_pairs()
+
+    #: True: always stack equal-shaped groups; False: never; None: only on non-CPU devices.
+    stack_groups: Optional[bool] = None
+
+    def _make_buckets(self, stack):
+        if not self.pairs:
+            return []
+        if stack is None:
+            stack = self.pairs[0][0].device.type != "cpu"
+        if not stack:
+            return [([i], G, H, [G.shape[0]]) for i, (G, H) in enumerate(self.pairs)]
+        keys = {}
+        for i, (G, H) in enumerate(self.pairs):
+            keys.setdefault((tuple(G.shape[1:]), tuple(H.shape[1:]), G.dtype, G.device), []).append(i)
+        buckets = []
+        for idx in keys.values():
+            Gs = [self.pairs[i][0] for i in idx]
+            Hs = [self.pairs[i][1] for i in idx]
+            G = Gs[0] if len(idx) == 1 else torch.cat(Gs)
+            H = Hs[0] if len(idx) == 1 else torch.cat(Hs)
+            buckets.append((idx, G, H, [g.shape[0] for g in Gs]))
+        return buckets
+
+    def _pair_map(self, fn, *tangents):
+        """Apply ``fn(G, H, *per-tangent (ξ_G, ξ_H))`` bucket-wise; returns a list over groups of
+        fn's outputs (split back per group)."""
+        out = [None] * len(self.pairs)
+        for idx, G, H, sizes in self._buckets:
+            args = []
+            for t in tangents:
+                if len(idx) == 1:
+                    args.append((t[2 * idx[0]], t[2 * idx[0] + 1]))
+                else:
+                    args.append((torch.cat([t[2 * i] for i in idx]), torch.cat([t[2 * i + 1] for i in idx])))
+            res = fn(G, H, *args)
+            if len(idx) == 1:
+                out[idx[0]] = res
+                continue
+            parts = [r.split(sizes) if torch.is_tensor(r) else [x.split(sizes) for x in r] for r in res] \
+                if isinstance(res, tuple) else res.split(sizes)
+            for j, i in enumerate(idx):
+                if isinstance(res, tuple):
+                    out[i] = tuple(p[j] for p in parts)
+                else:
+                    out[i] = parts[j]
+        return out
 
     def _check_pairs(self):
         for grp, (G, H) in zip(self.groups, self.pairs):
@@ -162,15 +218,15 @@ class PerturbationSpace:
         px, ax = self._split(xi)
         pe, ae = self._split(eta)
         total = 0.0
-        for i, (G, H) in enumerate(self.pairs):
-            a, b = (px[2 * i], px[2 * i + 1]), (pe[2 * i], pe[2 * i + 1])
-            if self.geometry is not None and self.metric_norm:
-                total = total + self.geometry.inner(G, H, a, b).sum()
-            else:
+        if self.geometry is not None and self.metric_norm:
+            for v in self._pair_map(self.geometry.inner, px, pe):
+                total = total + v.sum()
+        else:
+            for i in range(len(self.pairs)):
+                a, b = (px[2 * i], px[2 * i + 1]), (pe[2 * i], pe[2 * i + 1])
                 total = total + (a[0] * b[0]).sum() + (a[1] * b[1]).sum()
-        for c, x, e in zip(self.scales, ax, ae):
-            safe = torch.where(c > 0, c, torch.ones_like(c))
-            total = total + torch.where(c > 0, x * e / safe**2, torch.zeros_like(c)).sum()
+        for p, s2, x, e in zip(self._pos, self._safe2, ax, ae):
+            total = total + torch.where(p, x * e / s2, 0.0).sum()
         return total
 
     def norm(self, xi):
@@ -178,11 +234,11 @@ class PerturbationSpace:
 
     def project_horizontal(self, xi):
         px, ax = self._split(xi)
-        out = []
-        for i, (G, H) in enumerate(self.pairs):
-            a = (px[2 * i], px[2 * i + 1])
-            out += list(self.geometry.project_horizontal(G, H, a)) if self.geometry else list(a)
-        return out + [x * (c > 0) for c, x in zip(self.scales, ax)]
+        if self.geometry is not None:
+            out = [x for pair in self._pair_map(self.geometry.project_horizontal, px) for x in pair]
+        else:
+            out = list(px)
+        return out + [x * p for p, x in zip(self._pos, ax)]
 
     def _scale_to(self, xi, radius):
         n = self.norm(xi)
@@ -196,13 +252,10 @@ class PerturbationSpace:
     def ascent_direction(self, xi, egrad):
         """Horizontal Riemannian gradient 𝔾_θ⁻¹ ∇ at the base point θ."""
         pg, ag = self._split(egrad)
-        out = []
-        for i, (G, H) in enumerate(self.pairs):
-            e = (pg[2 * i], pg[2 * i + 1])
-            if self.geometry is not None and self.metric_norm:
-                out += list(self.geometry.riemannian_gradient(G, H, e))
-            else:
-                out += list(e)
+        if self.geometry is not None and self.metric_norm:
+            out = [x for pair in self._pair_map(self.geometry.riemannian_gradient, pg) for x in pair]
+        else:
+            out = list(pg)
         out += [c**2 * g for c, g in zip(self.scales, ag)]
         return self.project_horizontal(out)
 
@@ -210,12 +263,11 @@ class PerturbationSpace:
     def perturbed_params(self, xi):
         px, ax = self._split(xi)
         params = dict(self.base)
-        for i, (grp, (G, H)) in enumerate(zip(self.groups, self.pairs)):
-            a = (px[2 * i], px[2 * i + 1])
-            if self.geometry is not None and self.geodesic_correction:
-                Gn, Hn = self.geometry.exp2(G, H, a)
-            else:
-                Gn, Hn = G + a[0], H + a[1]
+        if self.geometry is not None and self.geodesic_correction:
+            new = self._pair_map(self.geometry.exp2, px)
+        else:
+            new = [(G + px[2 * i], H + px[2 * i + 1]) for i, (G, H) in enumerate(self.pairs)]
+        for grp, (Gn, Hn) in zip(self.groups, new):
             params = grp.insert(params, Gn, Hn)
         for n, m, x in zip(self.adaptive_names, self.masks, ax):
             params[n] = params[n] + (x if m is None else x * m.to(x.dtype))

@@ -1,0 +1,604 @@
+"""geosharp performance benchmarks (issue "Performance: benchmarks and fast paths").
+
+    .venv/bin/python benchmarks/run.py            # full sizes, writes benchmarks/RESULTS.md  (make bench)
+    .venv/bin/python benchmarks/run.py --quick    # tiny sizes, writes to a temp file         (make bench-quick)
+
+Every comparison is a ratio measured side by side in one run: the variants are timed in interleaved
+repetitions (the order rotates each repetition), the ratio is taken per repetition and reported as
+median [min–max] over repetitions. Cases:
+
+1. one Auto-PGD iteration (ascent direction, metric norm, two projections, then forward + backward
+   through the perturbed model) on BERT-base / ViT-B-sized random models: geodesic/adaptive ratios;
+2. geometry alone for 288 GL(h) pairs: batched torch Sylvester projection vs a scipy loop, vs mix;
+3. generated kernels vs hand-written torch of the same formulas;
+4. cold derivation + code generation of all built-ins (``geosharp derive --out TMP``, subprocess);
+5. peak memory of geodesic vs adaptive evaluation (ru_maxrss of separate subprocesses);
+6. (CUDA only) a full geodesic-sharpness evaluation of a ViT-B/32-sized model, 2048 inputs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "RESULTS.md"
+
+
+# ------------------------------------------------------------------------------------------------
+# timing helpers
+# ------------------------------------------------------------------------------------------------
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def interleaved(fns: dict, reps: int, device=torch.device("cpu"), warmup: int = 1) -> dict:
+    """Time each callable ``reps`` times, interleaved (rotating order); returns name -> [seconds]."""
+    names = list(fns)
+    for _ in range(warmup):
+        for n in names:
+            fns[n]()
+    times = {n: [] for n in names}
+    for r in range(reps):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for n in order:
+            _sync(device)
+            t = time.perf_counter()
+            fns[n]()
+            _sync(device)
+            times[n].append(time.perf_counter() - t)
+    return times
+
+
+def ratio_stats(num: list, den: list) -> dict:
+    rs = [a / b if b else float("nan") for a, b in zip(num, den)]
+    return dict(median=statistics.median(rs), lo=min(rs), hi=max(rs), n=len(rs))
+
+
+def fmt_ratio(s: dict) -> str:
+    return f"{s['median']:.3f} [{s['lo']:.3f}–{s['hi']:.3f}]"
+
+
+def fmt_t(ts: list) -> str:
+    m = statistics.median(ts)
+    return f"{m * 1e3:.1f} ms" if m < 1 else f"{m:.2f} s"
+
+
+def verdict(value: float, target: float, smaller_is_better: bool = True) -> str:
+    ok = value <= target if smaller_is_better else value >= target
+    return "met" if ok else "**missed**"
+
+
+def machine_info(device) -> dict:
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = dict(cpu=cpu, cores=os.cpu_count(), torch_threads=torch.get_num_threads(),
+                torch=torch.__version__, python=platform.python_version(), platform=platform.platform(),
+                device=str(device))
+    try:
+        import transformers
+        info["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+# ------------------------------------------------------------------------------------------------
+# models
+# ------------------------------------------------------------------------------------------------
+
+def make_model(kind: str, quick: bool, batch: int, seed: int = 0, vit_patch: int | None = None):
+    """Random-weight BERT-base / ViT-B (or tiny versions in quick mode) and one batch."""
+    from transformers import (BertConfig, BertForSequenceClassification, ViTConfig,
+                              ViTForImageClassification)
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
+    if kind == "bert":
+        cfg = BertConfig() if not quick else BertConfig(hidden_size=32, num_hidden_layers=2,
+                                                        num_attention_heads=2, intermediate_size=37,
+                                                        vocab_size=100, max_position_embeddings=64)
+        cfg._attn_implementation = "eager"
+        model = BertForSequenceClassification(cfg)
+        seq = 128 if not quick else 16
+        x = {"input_ids": torch.randint(0, cfg.vocab_size, (batch, seq), generator=g)}
+        y = torch.randint(0, cfg.num_labels, (batch,), generator=g)
+    elif kind == "vit":
+        kw = {} if not quick else dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                       intermediate_size=37, image_size=32, patch_size=8)
+        if vit_patch:
+            kw["patch_size"] = vit_patch
+        cfg = ViTConfig(num_labels=10, **kw)
+        cfg._attn_implementation = "eager"
+        model = ViTForImageClassification(cfg)
+        x = {"pixel_values": torch.randn(batch, cfg.num_channels, cfg.image_size, cfg.image_size,
+                                         generator=g)}
+        y = torch.randint(0, cfg.num_labels, (batch,), generator=g)
+    else:
+        raise ValueError(kind)
+    return model.eval(), (x, y)
+
+
+# ------------------------------------------------------------------------------------------------
+# case 1: one Auto-PGD iteration
+# ------------------------------------------------------------------------------------------------
+
+def _iteration_setup(model, batch, measure, rho=0.05, seed=0):
+    """(space, f_and_grad, x, g) exactly as ``sharpness._evaluate`` builds them."""
+    from geosharp_ref.sharpness import PerturbationSpace, _prepare, default_loss, model_loss
+    from geosharp_ref.symmetry_map import symmetry_map
+
+    params, batches, device, dtype = _prepare(model, [batch], rho, None)
+    batch = batches[0]
+    groups, masks, metric = (), None, None
+    if measure != "adaptive":
+        smap = symmetry_map(model)
+        groups, masks, metric = smap.groups, smap.adaptive_masks, measure.split("-")[1]
+    space = PerturbationSpace(params, groups, masks, metric=metric)
+
+    def f_and_grad(xi):
+        xi = [x.detach().requires_grad_(True) for x in xi]
+        loss = model_loss(model, space.perturbed_params(xi), batch, default_loss)
+        grads = torch.autograd.grad(loss, xi, allow_unused=True)
+        grads = [torch.zeros_like(x) if g is None else g for x, g in zip(xi, grads)]
+        return float(loss.detach()), grads
+
+    gen = torch.Generator().manual_seed(seed)
+    x = space.project(space.random(rho, gen), rho)
+    return space, f_and_grad, x, rho
+
+
+def _one_iteration(state, split):
+    """The body of one ``apgd`` iteration (second iteration: momentum 0.75), timed in two parts."""
+    space, f_and_grad, x, rho, g = state
+    t0 = time.perf_counter()
+    eta = 2.0 * rho
+    d = space.ascent_direction(x, g)
+    dn = float(space.inner(d, d)) ** 0.5
+    z = space.project(x if dn == 0 else [a + (eta / dn) * b for a, b in zip(x, d)], rho)
+    x_new = space.project([xi + 0.75 * (zi - xi) + 0.25 * (xi - pi) for xi, zi, pi in zip(x, z, x)], rho)
+    t1 = time.perf_counter()
+    f_and_grad(x_new)
+    split.append(t1 - t0)
+
+
+def case_iteration(quick: bool, device, reps: int) -> dict:
+    out = {}
+    measures = ["adaptive", "geodesic-mix", "geodesic-inv"]
+    for kind in ("bert", "vit"):
+        model, batch = make_model(kind, quick, batch=8 if not quick else 2)
+        model = model.to(device)
+        batch = ({k: v.to(device) for k, v in batch[0].items()}, batch[1].to(device))
+        states, splits = {}, {}
+        for m in measures:
+            space, fg, x, rho = _iteration_setup(model, batch, m)
+            _, g = fg(x)
+            states[m] = (space, fg, x, rho, g)
+            splits[m] = []
+        fns = {m: (lambda m=m: _one_iteration(states[m], splits[m])) for m in measures}
+        times = interleaved(fns, reps, device, warmup=0)
+        geo = {m: splits[m][-reps:] for m in measures}
+        out[kind] = dict(
+            params=sum(p.numel() for p in model.parameters()),
+            times={m: times[m] for m in measures},
+            geometry={m: geo[m] for m in measures},
+            mix=ratio_stats(times["geodesic-mix"], times["adaptive"]),
+            inv=ratio_stats(times["geodesic-inv"], times["adaptive"]),
+        )
+        del states, model
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# case 2 & 3: geometry alone / generated vs hand-written kernels
+# ------------------------------------------------------------------------------------------------
+
+def _pair_shapes(quick: bool):
+    """12 layers × 12 heads × (Q/K: n = m = 769; V/O: n = 769, m = 768), h = 64 (bias rows)."""
+    if quick:
+        return [(2 * 2, 9, 9, 4), (2 * 2, 9, 8, 4)]
+    return [(12 * 12, 769, 769, 64), (12 * 12, 769, 768, 64)]
+
+
+def _pair_data(quick, dtype=torch.float64, seed=0, device=torch.device("cpu")):
+    g = torch.Generator().manual_seed(seed)
+    data = []
+    for b, n, m, h in _pair_shapes(quick):
+        G = torch.randn(b, n, h, generator=g, dtype=dtype) / math.sqrt(n)
+        H = torch.randn(b, m, h, generator=g, dtype=dtype) / math.sqrt(m)
+        xG = torch.randn(b, n, h, generator=g, dtype=dtype) / math.sqrt(n)
+        xH = torch.randn(b, m, h, generator=g, dtype=dtype) / math.sqrt(m)
+        data.append(tuple(t.to(device) for t in (G, H, xG, xH)))
+    return data
+
+
+def _scipy_inv_projection(data):
+    """The same ``inv`` projection, one pair at a time: numpy + scipy.linalg.solve_sylvester."""
+    import numpy as np
+    from scipy.linalg import solve_sylvester
+    out = []
+    for G, H, xG, xH in data:
+        G, H, xG, xH = (t.cpu().numpy() for t in (G, H, xG, xH))
+        rG, rH = np.empty_like(xG), np.empty_like(xH)
+        for i in range(G.shape[0]):
+            S2 = G[i].T @ G[i]
+            S1 = H[i].T @ H[i]
+            C = S1 @ (G[i].T @ xG[i]) - xH[i].T @ (H[i] @ S2)
+            P = S1 @ S2
+            L = solve_sylvester(P, P, C)
+            rG[i] = xG[i] - G[i] @ L
+            rH[i] = xH[i] + H[i] @ L.T
+        out.append((rG, rH))
+    return out
+
+
+def case_geometry(quick: bool, device, reps: int) -> dict:
+    from codegen.generated import gl_inv, gl_mix
+    data = _pair_data(quick, device=device)
+    pairs = sum(d[0].shape[0] for d in data)
+
+    def torch_inv():
+        return [gl_inv.horizontal_projection(*d) for d in data]
+
+    def torch_mix():
+        return [gl_mix.horizontal_projection(*d) for d in data]
+
+    def scipy_inv():
+        return _scipy_inv_projection(data)
+
+    # agreement (float64)
+    ref = scipy_inv()
+    got = torch_inv()
+    err = max(float((torch.as_tensor(r[k]) - g[k].cpu()).abs().max() / g[k].abs().max())
+              for r, g in zip(ref, got) for k in (0, 1))
+    times = interleaved(dict(torch_inv=torch_inv, scipy_inv=scipy_inv, torch_mix=torch_mix), reps, device)
+    return dict(pairs=pairs, times=times, max_rel_diff=err,
+                speedup=ratio_stats(times["scipy_inv"], times["torch_inv"]),
+                inv_over_mix=ratio_stats(times["torch_inv"], times["torch_mix"]))
+
+
+# hand-written torch of the same formulas (independent of the generator; explicit inverses via
+# cholesky_solve, written the way one would by hand)
+def _chol(X):
+    return torch.linalg.cholesky(X.mT @ X)
+
+
+def hand_inv_acc(G, H, xG, xH):
+    def one(X, x):
+        L = _chol(X)
+        return (x @ torch.cholesky_solve(X.mT @ x + x.mT @ X, L) - X @ torch.cholesky_solve(x.mT @ x, L))
+    return one(G, xG), one(H, xH)
+
+
+def hand_mix_acc(G, H, xG, xH):
+    Lg, Lh = _chol(G), _chol(H)
+    aG = (G @ (xH.mT @ xH) - xG @ (H.mT @ xH + xH.mT @ H))
+    aH = (H @ (xG.mT @ xG) - xH @ (G.mT @ xG + xG.mT @ G))
+    return torch.cholesky_solve(aG.mT, Lh).mT, torch.cholesky_solve(aH.mT, Lg).mT
+
+
+def hand_inv_proj(G, H, xG, xH):
+    from codegen.runtime import solve_sylvester_spd_product
+    S2, S1 = G.mT @ G, H.mT @ H
+    L = solve_sylvester_spd_product(S1, S2, S1 @ (G.mT @ xG) - xH.mT @ (H @ S2))
+    return xG - G @ L, xH + H @ L.mT
+
+
+def hand_mix_proj(G, H, xG, xH):
+    Lg, Lh = _chol(G), _chol(H)
+    Lam = 0.5 * (torch.cholesky_solve(G.mT @ xG, Lg) - torch.cholesky_solve(H.mT @ xH, Lh).mT)
+    return xG - G @ Lam, xH + H @ Lam.mT
+
+
+def hand_inv_grad(G, H, eG, eH):
+    return eG @ (G.mT @ G), eH @ (H.mT @ H)
+
+
+def hand_mix_grad(G, H, eG, eH):
+    Lg, Lh = _chol(G), _chol(H)
+    return torch.cholesky_solve(eG.mT, Lh).mT, torch.cholesky_solve(eH.mT, Lg).mT
+
+
+def case_kernels(quick: bool, device, reps: int) -> dict:
+    from codegen.generated import gl_inv, gl_mix
+    data = _pair_data(quick, dtype=torch.float32, device=device)
+    hand = {("inv", "geodesic_acceleration"): hand_inv_acc, ("mix", "geodesic_acceleration"): hand_mix_acc,
+            ("inv", "horizontal_projection"): hand_inv_proj, ("mix", "horizontal_projection"): hand_mix_proj,
+            ("inv", "riemannian_gradient"): hand_inv_grad, ("mix", "riemannian_gradient"): hand_mix_grad}
+    mods = dict(inv=gl_inv, mix=gl_mix)
+    rows = []
+    for (metric, fn), hf in hand.items():
+        gf = getattr(mods[metric], fn)
+        a = [gf(*d) for d in data]
+        b = [hf(*d) for d in data]
+        err = max(float((x - y).abs().max() / y.abs().max()) for pa, pb in zip(a, b) for x, y in zip(pa, pb))
+        times = interleaved(dict(generated=lambda: [gf(*d) for d in data],
+                                 hand=lambda: [hf(*d) for d in data]), reps, device)
+        rows.append(dict(metric=metric, kernel=fn, times=times, max_rel_diff=err,
+                         ratio=ratio_stats(times["generated"], times["hand"])))
+    return dict(rows=rows)
+
+
+# ------------------------------------------------------------------------------------------------
+# case 4: cold derivation + code generation
+# ------------------------------------------------------------------------------------------------
+
+def case_derive(quick: bool) -> dict:
+    exe = Path(sys.executable).with_name("geosharp")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "geosharp_ref.cli"]
+    with tempfile.TemporaryDirectory() as tmp:
+        t = time.perf_counter()
+        r = subprocess.run(cmd + ["derive", "--out", tmp], cwd=ROOT, capture_output=True, text=True)
+        dt = time.perf_counter() - t
+        files = sorted(p.name for p in Path(tmp).glob("*.py"))
+    if r.returncode != 0:
+        raise RuntimeError(f"geosharp derive failed:\n{r.stdout}\n{r.stderr}")
+    return dict(seconds=dt, modules=[f for f in files if f != "__init__.py"])
+
+
+# ------------------------------------------------------------------------------------------------
+# case 5: peak memory (separate subprocesses, ru_maxrss / cuda max_memory_allocated)
+# ------------------------------------------------------------------------------------------------
+
+def _maxrss_bytes() -> int:
+    """Peak resident set of this process. Linux: VmHWM of /proc/self/status (per address space;
+    ru_maxrss would carry the parent's peak across fork + exec)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r if sys.platform == "darwin" else r * 1024
+
+
+def memory_child(measure: str, quick: bool, device_name: str, batch: int, n_iter: int) -> dict:
+    """Runs in its own process: build the model, record the baseline peak, evaluate, record the peak."""
+    from geosharp_ref.sharpness import adaptive_sharpness, geodesic_sharpness
+    device = torch.device(device_name)
+    model, (x, y) = make_model("bert", quick, batch=batch)
+    model = model.to(device)
+    x = {k: v.to(device) for k, v in x.items()}
+    y = y.to(device)
+    with torch.no_grad():
+        model(**x)  # allocator / thread pools warm, like any evaluation's start
+    base = _maxrss_bytes()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        cbase = torch.cuda.memory_allocated()
+    t = time.perf_counter()
+    if measure == "adaptive":
+        res = adaptive_sharpness(model, [(x, y)], 0.05, n_iter=n_iter)
+    else:
+        res = geodesic_sharpness(model, [(x, y)], 0.05, metric=measure.split("-")[1], n_iter=n_iter)
+    out = dict(measure=measure, base=base, peak=_maxrss_bytes(), seconds=time.perf_counter() - t,
+               sharpness=res.mean)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        out.update(cuda_base=cbase, cuda_peak=torch.cuda.max_memory_allocated())
+    return out
+
+
+def case_memory(quick: bool, device, reps: int) -> dict:
+    batch, n_iter = (2, 2) if quick else (4, 1)
+    measures = ["adaptive", "geodesic-mix", "geodesic-inv"]
+    runs = {m: [] for m in measures}
+    for r in range(reps):
+        for m in measures[r % 3:] + measures[:r % 3]:
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--memory-child", m,
+                   "--device", str(device), "--child-batch", str(batch), "--child-iters", str(n_iter)]
+            if quick:
+                cmd.append("--quick")
+            p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+            if p.returncode != 0:
+                raise RuntimeError(f"memory child {m} failed:\n{p.stderr[-3000:]}")
+            runs[m].append(json.loads(p.stdout.strip().splitlines()[-1]))
+    key_peak, key_base = ("cuda_peak", "cuda_base") if device.type == "cuda" else ("peak", "base")
+    out = dict(batch=batch, n_iter=n_iter, runs=runs, source="cuda max_memory_allocated"
+               if device.type == "cuda" else "VmHWM / ru_maxrss")
+    for m in measures[1:]:
+        out[m] = dict(
+            total=ratio_stats([x[key_peak] for x in runs[m]], [x[key_peak] for x in runs["adaptive"]]),
+            increment=ratio_stats([x[key_peak] - x[key_base] for x in runs[m]],
+                                  [x[key_peak] - x[key_base] for x in runs["adaptive"]]))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# case 6: CUDA full evaluation (ViT-B/32, 2048 inputs, batches of 256, 20 iterations)
+# ------------------------------------------------------------------------------------------------
+
+def case_cuda_full(quick: bool, device) -> dict:
+    from geosharp_ref.sharpness import adaptive_sharpness, geodesic_sharpness
+    n_inputs, bs, n_iter = (2048, 256, 20) if not quick else (8, 4, 2)
+    model, _ = make_model("vit", quick, batch=1, vit_patch=None if quick else 32)
+    model = model.to(device)
+    cfg = model.config
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(n_inputs, cfg.num_channels, cfg.image_size, cfg.image_size, generator=g)
+    Y = torch.randint(0, cfg.num_labels, (n_inputs,), generator=g)
+    batches = [({"pixel_values": X[i:i + bs].to(device)}, Y[i:i + bs].to(device))
+               for i in range(0, n_inputs, bs)]
+    rows = []
+    for measure in ("adaptive", "geodesic-mix", "geodesic-inv"):
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        t = time.perf_counter()
+        if measure == "adaptive":
+            res = adaptive_sharpness(model, batches, 0.05, n_iter=n_iter)
+        else:
+            res = geodesic_sharpness(model, batches, 0.05, metric=measure.split("-")[1], n_iter=n_iter)
+        torch.cuda.synchronize()
+        rows.append(dict(measure=measure, seconds=time.perf_counter() - t,
+                         peak_gib=(torch.cuda.max_memory_allocated() - base) / 2**30, sharpness=res.mean))
+    return dict(inputs=n_inputs, batch=bs, n_iter=n_iter, rows=rows)
+
+
+# ------------------------------------------------------------------------------------------------
+# report
+# ------------------------------------------------------------------------------------------------
+
+def render(info: dict, res: dict, quick: bool, elapsed: float) -> str:
+    L = []
+    L.append("# geosharp benchmarks" + (" (QUICK MODE: tiny sizes, numbers meaningless)" if quick else ""))
+    L.append("")
+    L.append("Generated by `benchmarks/run.py`" + (" --quick" if quick else "") +
+             f" in {elapsed:.0f} s. Ratios: median [min–max] over interleaved repetitions in one run.")
+    L.append("")
+    L.append("**Machine.** " + ", ".join(f"{k}: {v}" for k, v in info.items()))
+    L.append("")
+    if "iteration" in res:
+        L.append("## 1. One Auto-PGD iteration (geometry steps + forward/backward), random weights")
+        L.append("")
+        L.append("| model | params | adaptive | geodesic-mix | geodesic-inv | mix/adaptive (≤ 1.10) | "
+                 "inv/adaptive (≤ 1.25) | geometry-step time a / mix / inv |")
+        L.append("|---|---|---|---|---|---|---|---|")
+        for kind, r in res["iteration"].items():
+            name = dict(bert="BERT-base (batch 8, seq 128)", vit="ViT-B/16 (batch 8, 224²)")[kind]
+            t, gm = r["times"], r["geometry"]
+            L.append(f"| {name} | {r['params'] / 1e6:.1f} M | {fmt_t(t['adaptive'])} | "
+                     f"{fmt_t(t['geodesic-mix'])} | {fmt_t(t['geodesic-inv'])} | "
+                     f"{fmt_ratio(r['mix'])} {verdict(r['mix']['median'], 1.10)} | "
+                     f"{fmt_ratio(r['inv'])} {verdict(r['inv']['median'], 1.25)} | "
+                     f"{fmt_t(gm['adaptive'])} / {fmt_t(gm['geodesic-mix'])} / {fmt_t(gm['geodesic-inv'])} |")
+        L.append("")
+    if "geometry" in res:
+        r = res["geometry"]
+        L.append(f"## 2. Geometry alone: horizontal projection of {r['pairs']} pairs (float64)")
+        L.append("")
+        L.append("| torch batched inv | scipy loop inv | mix (explicit) | scipy/torch (≥ 50) | inv/mix | "
+                 "max rel. diff torch vs scipy |")
+        L.append("|---|---|---|---|---|---|")
+        t = r["times"]
+        L.append(f"| {fmt_t(t['torch_inv'])} | {fmt_t(t['scipy_inv'])} | {fmt_t(t['torch_mix'])} | "
+                 f"{fmt_ratio(r['speedup'])} {verdict(r['speedup']['median'], 50, False)} | "
+                 f"{fmt_ratio(r['inv_over_mix'])} | {r['max_rel_diff']:.1e} |")
+        L.append("")
+    if "kernels" in res:
+        L.append("## 3. Generated kernels vs hand-written torch (same formulas, 288 pairs, float32)")
+        L.append("")
+        L.append("| metric | kernel | generated | hand-written | generated/hand (≤ 1.05) | max rel. diff |")
+        L.append("|---|---|---|---|---|---|")
+        for r in res["kernels"]["rows"]:
+            L.append(f"| {r['metric']} | {r['kernel']} | {fmt_t(r['times']['generated'])} | "
+                     f"{fmt_t(r['times']['hand'])} | {fmt_ratio(r['ratio'])} "
+                     f"{verdict(r['ratio']['median'], 1.05)} | {r['max_rel_diff']:.1e} |")
+        L.append("")
+    if "derive" in res:
+        r = res["derive"]
+        L.append("## 4. Cold derivation + code generation of all built-ins (`geosharp derive --out TMP`)")
+        L.append("")
+        L.append(f"{r['seconds']:.1f} s wall (subprocess, target < 30 s: {verdict(r['seconds'], 30)}); "
+                 f"modules: {', '.join(r['modules'])}")
+        L.append("")
+    if "memory" in res:
+        r = res["memory"]
+        L.append(f"## 5. Peak memory, geodesic vs adaptive evaluation ({r['source']}, separate subprocesses; "
+                 f"BERT-base, batch {r['batch']}, n_iter {r['n_iter']})")
+        L.append("")
+        L.append("| measure | peak (median) | peak − model-loaded baseline | total ratio (≤ 1.2) | "
+                 "increment ratio |")
+        L.append("|---|---|---|---|---|")
+        kp, kb = ("cuda_peak", "cuda_base") if r["source"].startswith("cuda") else ("peak", "base")
+        for m, runs in r["runs"].items():
+            peak = statistics.median(x[kp] for x in runs) / 2**20
+            inc = statistics.median(x[kp] - x[kb] for x in runs) / 2**20
+            if m == "adaptive":
+                L.append(f"| {m} | {peak:.0f} MiB | {inc:.0f} MiB | 1 | 1 |")
+            else:
+                L.append(f"| {m} | {peak:.0f} MiB | {inc:.0f} MiB | {fmt_ratio(r[m]['total'])} "
+                         f"{verdict(r[m]['total']['median'], 1.2)} | {fmt_ratio(r[m]['increment'])} |")
+        L.append("")
+    if "cuda" in res:
+        r = res["cuda"]
+        L.append(f"## 6. CUDA: full evaluation, ViT-B/32, {r['inputs']} inputs, batches of {r['batch']}, "
+                 f"{r['n_iter']} iterations")
+        L.append("")
+        L.append("| measure | time | peak allocated | time / adaptive |")
+        L.append("|---|---|---|---|")
+        t0 = r["rows"][0]["seconds"]
+        for row in r["rows"]:
+            L.append(f"| {row['measure']} | {row['seconds']:.1f} s | {row['peak_gib']:.2f} GiB | "
+                     f"{row['seconds'] / t0:.3f} |")
+        L.append("")
+    return "\n".join(L)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (smoke test); writes to a temp path")
+    ap.add_argument("--out", type=Path, default=None, help="markdown output (default: RESULTS.md, "
+                                                            "or a temp file with --quick)")
+    ap.add_argument("--cases", default="iteration,geometry,kernels,derive,memory,cuda")
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--json", type=Path, default=None, help="also write the raw results as JSON")
+    ap.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--child-batch", type=int, default=4, help=argparse.SUPPRESS)
+    ap.add_argument("--child-iters", type=int, default=1, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if a.memory_child:
+        print(json.dumps(memory_child(a.memory_child, a.quick, str(device), a.child_batch, a.child_iters)))
+        return 0
+    cases = set(a.cases.split(","))
+    q = a.quick
+    if q:
+        torch.set_num_threads(1)  # tiny sizes: threads only add contention on a shared machine
+    t0 = time.perf_counter()
+    info = machine_info(device)
+    res = {}
+
+    def run(name, fn, *args):
+        if name in cases:
+            t = time.perf_counter()
+            print(f"[bench] {name} ...", flush=True)
+            res[name] = fn(*args)
+            print(f"[bench] {name} done in {time.perf_counter() - t:.1f} s", flush=True)
+
+    run("iteration", case_iteration, q, device, a.reps or (2 if q else 3))
+    run("geometry", case_geometry, q, device, a.reps or (3 if q else 5))
+    run("kernels", case_kernels, q, device, a.reps or (3 if q else 7))
+    run("derive", case_derive, q)
+    run("memory", case_memory, q, device, a.reps or 1)
+    if device.type == "cuda":
+        run("cuda", case_cuda_full, q, device)
+    text = render(info, res, q, time.perf_counter() - t0)
+    print(text)
+    out = a.out or (Path(tempfile.mkdtemp(prefix="geosharp-bench-")) / "RESULTS.md" if q else RESULTS)
+    out.write_text(text + "\n")
+    print(f"[bench] wrote {out}")
+    if a.json:
+        a.json.write_text(json.dumps(dict(machine=info, results=res), indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
