@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import sympy as sp
-from sympy import Inverse, MatMul, MatrixExpr, MatrixSymbol, Transpose
+from sympy import Inverse, MatAdd, MatMul, MatrixExpr, MatrixSymbol, Transpose
 
 from derivations.matrix_calculus import canonicalize
 from derivations.quotient import QuotientGeometry
@@ -79,6 +79,31 @@ def introduce_grams(expr, blocks):
     return expr.func(*args)
 
 
+def factor_inverses(expr):
+    """Σ_i A_i M⁻¹ → (Σ_i A_i) M⁻¹ and Σ_i M⁻¹ B_i → M⁻¹ (Σ_i B_i): one solve instead of one per term."""
+    if isinstance(expr, sp.Basic) and not isinstance(expr, MatAdd) and expr.args and isinstance(expr, MatrixExpr):
+        return expr.func(*[factor_inverses(a) if isinstance(a, MatrixExpr) else a for a in expr.args])
+    if not isinstance(expr, MatAdd):
+        return expr
+    for side in (-1, 0):
+        groups, rest = {}, []
+        for t in expr.args:
+            coeff, mats = t.as_coeff_matrices() if isinstance(t, MatMul) else (1, [t])
+            if len(mats) > 1 and isinstance(mats[side], Inverse):
+                key = mats[side]
+                body = mats[:-1] if side == -1 else mats[1:]
+                groups.setdefault(key, []).append(coeff * MatMul(*body) if len(body) > 1 else coeff * body[0])
+            else:
+                rest.append(t)
+        if any(len(v) > 1 for v in groups.values()):
+            terms = list(rest)
+            for key, bodies in groups.items():
+                inner = factor_inverses(MatAdd(*bodies)) if len(bodies) > 1 else bodies[0]
+                terms.append(MatMul(inner, key) if side == -1 else MatMul(key, inner))
+            return MatAdd(*terms) if len(terms) > 1 else terms[0]
+    return expr
+
+
 # ------------------------------------------------------------------------------------------------
 
 class _Emitter:
@@ -111,7 +136,7 @@ class _Emitter:
         """Lines computing ``outputs`` (list of expressions) and the list of their code strings."""
         lines = []
         if self.matrix:
-            outs = [introduce_grams(canonicalize(o), self.blocks) for o in outputs]
+            outs = [factor_inverses(introduce_grams(canonicalize(o), self.blocks)) for o in outputs]
             spd = {}
             for b in self.blocks:
                 if not isinstance(b, MatrixSymbol):

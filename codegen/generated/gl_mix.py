@@ -73,7 +73,7 @@ def geodesic_acceleration(G, H, xi_G, xi_H, eps=0.0):
     GtG_chol = torch.linalg.cholesky(GtG)
     HtH = _rt.gram(H, eps)
     HtH_chol = torch.linalg.cholesky(HtH)
-    return torch.cholesky_solve((G @ ((xi_H.mT) @ xi_H)).mT, HtH_chol).mT - (torch.cholesky_solve((xi_G @ ((H.mT) @ xi_H)).mT, HtH_chol).mT) - (torch.cholesky_solve((xi_G @ ((xi_H.mT) @ H)).mT, HtH_chol).mT), torch.cholesky_solve((H @ ((xi_G.mT) @ xi_G)).mT, GtG_chol).mT - (torch.cholesky_solve((xi_H @ ((G.mT) @ xi_G)).mT, GtG_chol).mT) - (torch.cholesky_solve((xi_H @ ((xi_G.mT) @ G)).mT, GtG_chol).mT)
+    return torch.cholesky_solve((G @ ((xi_H.mT) @ xi_H) - (xi_G @ ((H.mT) @ xi_H)) - (xi_G @ ((xi_H.mT) @ H))).mT, HtH_chol).mT, torch.cholesky_solve((H @ ((xi_G.mT) @ xi_G) - (xi_H @ ((G.mT) @ xi_G)) - (xi_H @ ((xi_G.mT) @ G))).mT, GtG_chol).mT
 
 
 def act(G, H, A):
