@@ -148,6 +148,7 @@ def make_model(kind: str, quick: bool, batch: int, seed: int = 0, vit_patch: int
 
 def _iteration_setup(model, batch, measure, rho=0.05, seed=0):
     """(space, f_and_grad, x, g) exactly as ``sharpness._evaluate`` builds them."""
+    from geosharp_ref.apgd import value_and_grad
     from geosharp_ref.sharpness import PerturbationSpace, _prepare, default_loss, model_loss
     from geosharp_ref.symmetry_map import symmetry_map
 
@@ -159,12 +160,7 @@ def _iteration_setup(model, batch, measure, rho=0.05, seed=0):
         groups, masks, metric = smap.groups, smap.adaptive_masks, measure.split("-")[1]
     space = PerturbationSpace(params, groups, masks, metric=metric)
 
-    def f_and_grad(xi):
-        xi = [x.detach().requires_grad_(True) for x in xi]
-        loss = model_loss(model, space.perturbed_params(xi), batch, default_loss)
-        grads = torch.autograd.grad(loss, xi, allow_unused=True)
-        grads = [torch.zeros_like(x) if g is None else g for x, g in zip(xi, grads)]
-        return float(loss.detach()), grads
+    f_and_grad = value_and_grad(lambda xi: model_loss(model, space.perturbed_params(xi), batch, default_loss))
 
     gen = torch.Generator().manual_seed(seed)
     x = space.project(space.random(rho, gen), rho)

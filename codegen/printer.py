@@ -15,7 +15,7 @@ kernels that broadcast over leading batch dimensions (layers × heads):
 from __future__ import annotations
 
 import sympy as sp
-from sympy import Identity, Inverse, MatAdd, MatMul, MatrixExpr, MatrixSymbol, OneMatrix, Trace, Transpose
+from sympy import Inverse, MatAdd, MatMul, MatrixSymbol, Transpose
 from sympy.printing.pytorch import TorchPrinter
 
 __all__ = ["BatchedTorchPrinter"]

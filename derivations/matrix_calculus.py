@@ -43,15 +43,7 @@ __all__ = [
     "linear_terms",
     "LinearTerm",
     "is_zero",
-    "zero_like",
 ]
-
-
-def zero_like(expr):
-    """The zero of the same kind (scalar 0 or a ZeroMatrix of the same shape)."""
-    if isinstance(expr, MatrixExpr):
-        return ZeroMatrix(*expr.shape)
-    return sp.S.Zero
 
 
 def is_zero(expr) -> bool:
@@ -232,12 +224,6 @@ def _terms(expr):
     return [expr]
 
 
-def _split_scalar_term(term):
-    """A scalar term → (scalar coefficient without traces that contain X, list of trace factors)."""
-    factors = term.args if isinstance(term, sp.Mul) else (term,)
-    return factors
-
-
 def trace_gradient(expr, X):
     """Matrix ``R`` with ``expr = tr(Rᵀ X)`` for a scalar ``expr`` linear in ``X``.
 
@@ -255,11 +241,11 @@ def trace_gradient(expr, X):
     for term in _terms(expr):
         if not term.has(X):
             continue  # belongs to another variable: see trace_gradients
-        carriers = [f for f in _split_scalar_term(term) if f.has(X)]
+        carriers = [f for f in sp.Mul.make_args(term) if f.has(X)]
         if len(carriers) != 1 or not isinstance(carriers[0], Trace):
             raise ValueError(f"term is not a scalar multiple of one trace linear in {X}: {term}")
         trace = carriers[0]
-        coeff = sp.Mul(*[f for f in _split_scalar_term(term) if f is not trace])
+        coeff = sp.Mul(*[f for f in sp.Mul.make_args(term) if f is not trace])
         arg = trace.arg
         mcoeff, mats = (arg.as_coeff_matrices() if isinstance(arg, MatMul) else (sp.S.One, [arg]))
         coeff = coeff * mcoeff

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from fractions import Fraction
 
 import sympy as sp
 from sympy import Identity, Inverse, MatrixExpr, MatrixSymbol, OneMatrix

@@ -26,7 +26,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["apgd_checkpoints", "apgd", "APGDResult"]
+__all__ = ["apgd_checkpoints", "apgd", "APGDResult", "value_and_grad"]
+
+
+def value_and_grad(objective):
+    """Wrap ``objective(xi) -> scalar tensor`` (xi a list of tensors) as the ``f_and_grad`` that
+    :func:`apgd` expects: ``xi -> (float value, list of gradients)``; unused inputs get zero gradients."""
+    def f_and_grad(xi):
+        xi = [x.detach().requires_grad_(True) for x in xi]
+        value = objective(xi)
+        grads = torch.autograd.grad(value, xi, allow_unused=True)
+        return float(value.detach()), [torch.zeros_like(x) if g is None else g for x, g in zip(xi, grads)]
+    return f_and_grad
 
 
 def apgd_checkpoints(n_iter: int) -> list[int]:

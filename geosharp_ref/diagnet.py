@@ -81,7 +81,7 @@ from scipy.stats import kendalltau
 
 from codegen.generated import diag_inv, diag_mix
 
-from .apgd import apgd
+from .apgd import apgd, value_and_grad
 from .sharpness import PerturbationSpace
 
 __all__ = [
@@ -758,11 +758,7 @@ def apgd_sharpness(u, v, X, y, rho: float, measure: str = "mix", geodesic: str =
     else:
         raise ValueError(f"unknown measure {measure!r}; choose 'adaptive', 'inv' or 'mix'")
 
-    def f_and_grad(xi):
-        xi = [x.detach().requires_grad_(True) for x in xi]
-        loss = mse(beta_of(xi), X, y)
-        grads = torch.autograd.grad(loss, xi)
-        return float(loss.detach()), list(grads)
+    f_and_grad = value_and_grad(lambda xi: mse(beta_of(xi), X, y))
 
     l0 = float(mse(u * v, X, y))
     gen = torch.Generator().manual_seed(int(seed))

@@ -25,13 +25,13 @@ import math
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable, Optional
+from typing import Iterable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from .apgd import apgd
+from .apgd import apgd, value_and_grad
 from .geometry import AdaptiveGeometry, gl_pair
 from .symmetry_map import symmetry_map as build_symmetry_map
 
@@ -346,13 +346,8 @@ def _evaluate(model, measure, batches, rho, *, metric=None, smap=None, n_iter=20
         iterator = tqdm(batches, desc=f"{measure} sharpness", unit="batch")
     try:
         for batch in iterator:
-            def f_and_grad(xi):
-                xi = [x.detach().requires_grad_(True) for x in xi]
-                loss = model_loss(model, space.perturbed_params(xi), batch, loss_fn)
-                grads = torch.autograd.grad(loss, xi, allow_unused=True)
-                grads = [torch.zeros_like(x) if g is None else g for x, g in zip(xi, grads)]
-                return float(loss.detach()), grads
-
+            f_and_grad = value_and_grad(
+                lambda xi, batch=batch: model_loss(model, space.perturbed_params(xi), batch, loss_fn))
             with torch.no_grad():
                 l0 = float(model_loss(model, params, batch, loss_fn))
             res = apgd(f_and_grad, space, rho, n_iter=n_iter, random_start=random_start, generator=gen)

@@ -17,7 +17,7 @@ import random
 import numpy as np
 import pytest
 import sympy as sp
-from hypothesis import assume, given, strategies as st
+from hypothesis import given, strategies as st
 from sympy import (
     Identity,
     Inverse,

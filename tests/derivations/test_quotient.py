@@ -4,7 +4,7 @@ import random
 
 import pytest
 import sympy as sp
-from sympy import Inverse, MatrixSymbol, Trace
+from sympy import Inverse, Trace
 
 from derivations import Metric, builtin_metric, derive_geometry, get_symmetry, gl_pair
 from derivations.christoffel import geodesic_acceleration_elementwise

@@ -2,7 +2,6 @@
 import math
 
 import numpy as np
-import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 from scipy.optimize import brentq
@@ -83,7 +82,6 @@ def test_apgd_reaches_trust_region_maximum(seed, dim, log_rho):
 
 def test_apgd_halves_steps_and_keeps_best_iterate():
     dim = 6
-    M = torch.eye(dim, dtype=torch.float64)
 
     def f_and_grad(x):  # concave: optimum inside the ball, forces oscillation and halving
         v = x[0]

@@ -17,14 +17,6 @@ SMALL = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, interme
              initializer_range=0.5)  # large weights: attention is far from uniform
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # tiny models: one thread is fastest, and immune to oversubscription when tests run in parallel
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):

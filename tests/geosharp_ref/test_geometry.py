@@ -29,14 +29,6 @@ TOL = 1e-10
 metrics = pytest.mark.parametrize("metric", METRICS)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors gain nothing from intra-op threads, and on a shared 2-core machine two spinning
-    OpenMP threads per process made these tests up to 6× slower; restore the setting afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 # ---------------------------------------------------------------------------------------------

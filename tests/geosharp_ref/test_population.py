@@ -26,13 +26,6 @@ EVAL = dict(rhos=(0.01, 0.05), n_batches=2, batch_size=16, n_iter=3, progress=Fa
 EVAL_ARGS = ["--rho", "0.01", "0.05", "--batches", "2", "--batch-size", "16", "--iters", "3", "--no-progress"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def _env():
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TQDM_DISABLE="1")

@@ -50,14 +50,6 @@ N_ITER = 5
 # but let the "dev" profile (60 examples) scale it up.
 EXAMPLES = max(2, settings.default.max_examples // 5)  # ci: 3, dev: 12
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors gain nothing from intra-op threads, and on a shared 2-core machine two spinning
-    OpenMP threads per process made these tests up to 6× slower; restore the setting afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 # ---------------------------------------------------------------------------------------------
