@@ -4,6 +4,7 @@
     geosharp population evaluate  --out DIR [--rho 0.003 0.01 0.03 0.1] [--batches 4] [--batch-size 32] ...
     geosharp population correlate --out DIR [--bootstrap 1000]
 
+    geosharp population study     --out DIR [--task vision|text] [--models 32] ...   (all three, resumable)
     geosharp population import    --out DIR --models M1.pt M2.pt ... --metrics M.csv --data D.pt
 
 Tasks (``--task``, see :mod:`geosharp_ref.population_task`): ``vision`` — tiny Hugging Face ViTs
@@ -62,7 +63,7 @@ from .population_task import PopulationTask, Split, get_task, slice_inputs, TASK
 
 __all__ = ["sample_hparams", "train_one", "train_population", "read_manifest", "sharpness_batches",
            "load_population_model", "evaluate_model", "evaluate_population", "read_results",
-           "correlate_population", "main_population", "MEASURES", "DEFAULT_RHOS"]
+           "correlate_population", "run_study", "main_population", "MEASURES", "DEFAULT_RHOS"]
 
 MANIFEST = "population.json"
 RESULTS = "results.jsonl"
@@ -110,7 +111,7 @@ def sample_hparams(index: int, seed: int = 0, epochs_max: int | None = None, tra
     epochs_max = task.epochs_max if epochs_max is None else epochs_max
     rng = random.Random(seed * 1000 + index)
     h = {k: rng.choice(v) for k, v in task.hparam_choices.items()}
-    h["epochs"] = rng.randint(max(1, epochs_max // 6), epochs_max)
+    h["epochs"] = rng.randint(max(1, epochs_max // 4), epochs_max)
     if train_size_max is not None:
         h["train_size"] = min(h["train_size"], train_size_max)
     h["seed"] = rng.randrange(2 ** 31)
@@ -584,6 +585,37 @@ def _scatter(path, names, recs, gap, cfg, table):
 
 
 # ------------------------------------------------------------------------------------------------
+# The whole study in one call
+# ------------------------------------------------------------------------------------------------
+
+def run_study(out, task: str = "vision", n_models: int = 32, seed: int = 0, epochs_max: int | None = None,
+              train_size_max: int | None = None, workers: int = 2, rhos=DEFAULT_RHOS, measures=MEASURES,
+              n_batches: int = 4, batch_size: int = 32, n_iter: int = 20, n_boot: int = 1000,
+              progress: bool = True, stream=None) -> dict:
+    """Train (resuming), evaluate (resuming) and correlate a population; returns the correlation result.
+
+    Each stage skips what is already on disk, so rerunning after an interruption continues."""
+    stream = stream or sys.stdout
+    t0 = time.perf_counter()
+    man = train_population(out, n_models=n_models, seed=seed, epochs_max=epochs_max, workers=workers,
+                           train_size_max=train_size_max, progress=progress, task=task)
+    gaps = [m["metrics"]["gap"] for m in man["models"]]
+    t1 = time.perf_counter()
+    print(f"trained {len(gaps)} {task} models in {t1 - t0:.0f} s (gap {min(gaps):+.3f} … {max(gaps):+.3f})",
+          file=stream, flush=True)
+    threads = torch.get_num_threads()
+    try:
+        evaluate_population(out, rhos=rhos, measures=measures, n_batches=n_batches, batch_size=batch_size,
+                            n_iter=n_iter, threads=1, progress=progress)
+    finally:
+        torch.set_num_threads(threads)
+    t2 = time.perf_counter()
+    print(f"evaluated {len(gaps)} models × {len(measures)} measures × {len(rhos)} ρ in {t2 - t1:.0f} s",
+          file=stream, flush=True)
+    return correlate_population(out, n_boot=n_boot, stream=stream)
+
+
+# ------------------------------------------------------------------------------------------------
 # Command line
 # ------------------------------------------------------------------------------------------------
 
@@ -621,6 +653,20 @@ def main_population(argv=None) -> int:
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
     e.add_argument("--no-progress", action="store_true")
+    st = sub.add_parser("study", help="train, evaluate and correlate in one command (each stage resumes)")
+    st.add_argument("--out", required=True, metavar="DIR", help="population directory")
+    st.add_argument("--task", choices=TASKS, default="vision")
+    st.add_argument("--models", type=int, default=32, help="number of models (default 32)")
+    st.add_argument("--seed", type=int, default=0, help="hyper-parameter seed (default 0)")
+    st.add_argument("--epochs-max", type=int, default=None, help="largest number of epochs drawn (task default)")
+    st.add_argument("--train-size-max", type=int, default=None, help="cap on the training-set sizes drawn")
+    st.add_argument("--workers", type=int, default=2, help="1-thread training processes (default 2)")
+    st.add_argument("--rho", type=float, nargs="+", default=list(DEFAULT_RHOS), metavar="R")
+    st.add_argument("--batches", type=int, default=4)
+    st.add_argument("--batch-size", type=int, default=32)
+    st.add_argument("--iters", type=int, default=20)
+    st.add_argument("--bootstrap", type=int, default=1000)
+    st.add_argument("--no-progress", action="store_true")
     i = sub.add_parser("import", help="register a real population from local paths (model-soups CLIP "
                                       "state dicts or Hugging Face checkpoints) for evaluate/correlate")
     i.add_argument("--out", required=True, metavar="DIR", help="population directory to create")
@@ -654,6 +700,11 @@ def main_population(argv=None) -> int:
                                            seed=args.seed, threads=args.threads, progress=not args.no_progress)
                 if gdist.rank_world()[0] == 0:
                     print(f"{len(recs)} models evaluated -> {Path(args.out) / RESULTS}")
+        elif args.action == "study":
+            run_study(args.out, task=args.task, n_models=args.models, seed=args.seed, epochs_max=args.epochs_max,
+                      train_size_max=args.train_size_max, workers=args.workers, rhos=args.rho,
+                      n_batches=args.batches, batch_size=args.batch_size, n_iter=args.iters,
+                      n_boot=args.bootstrap, progress=not args.no_progress)
         elif args.action == "import":
             from .loaders import import_population
 

@@ -4,8 +4,14 @@ Data: ``sklearn.datasets.load_digits`` (1797 real 8×8 handwritten digits shippe
 pixels / 16 as ``pixel_values`` of shape (N, 1, 8, 8). A fixed permutation (``split_seed``) puts the
 last ``n_test`` images in the test set and the others in the training pool.
 
-Model: ``ViTForImageClassification`` with 8×8 single-channel images, patch 2 (16 tokens + CLS),
-hidden 32, 2 layers, 2 heads, no dropout (sharpness is deterministic).
+Model: ``ViTForImageClassification`` with 8×8 single-channel images, patch 4 (4 tokens + CLS),
+hidden 64, 2 layers, 4 heads of dimension 16, MLP 128, no dropout (sharpness is deterministic):
+2 layers × 4 heads × 2 GL(16) pairs.
+
+Recipe (chosen on a 10-model pilot, before any sharpness was computed): AdamW, learning rate
+{1e-3, 2e-3, 4e-3}, 25–100 epochs, batch {32, 64, 128}; without augmentation the models reach zero
+training error, with it 4–6 %; a third get 10 % label noise, which these small models do not
+memorise (their gap is negative: train error on noisy labels above the clean test error).
 
 Augmentation: random ±1 pixel shifts (zero fill), one per image.
 """
@@ -17,8 +23,8 @@ from .population_task import PopulationTask, Split
 
 __all__ = ["VisionDigitsTask", "VISION_ARCH", "load_digits_split", "random_shift"]
 
-VISION_ARCH = dict(image_size=8, patch_size=2, num_channels=1, hidden_size=32, num_hidden_layers=2,
-                   num_attention_heads=2, intermediate_size=64, num_labels=10, hidden_dropout_prob=0.0,
+VISION_ARCH = dict(image_size=8, patch_size=4, num_channels=1, hidden_size=64, num_hidden_layers=2,
+                   num_attention_heads=4, intermediate_size=128, num_labels=10, hidden_dropout_prob=0.0,
                    attention_probs_dropout_prob=0.0)
 
 
@@ -54,10 +60,10 @@ class VisionDigitsTask(PopulationTask):
     name = "vision"
     kind = "vision-vit-digits"
     arch = VISION_ARCH
-    hparam_choices = dict(lr=(3e-4, 1e-3, 3e-3), weight_decay=(0.0, 0.01, 0.1), batch_size=(16, 32, 64),
-                          train_size=(150, 300, 600, 1200), label_noise=(0.0, 0.0, 0.1, 0.25),
+    hparam_choices = dict(lr=(1e-3, 2e-3, 4e-3), weight_decay=(0.0, 0.01, 0.1), batch_size=(32, 64, 128),
+                          train_size=(150, 300, 600, 1200), label_noise=(0.0, 0.0, 0.1),
                           augment=(False, True), warmup=(0.0, 0.1))
-    epochs_max = 30
+    epochs_max = 100
     n_test = 597
     num_labels = 10
 

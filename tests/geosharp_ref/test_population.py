@@ -135,7 +135,7 @@ def test_reference_results(reference):
         for vals in r["values"].values():
             assert set(vals) == {"0.01", "0.05"}
             assert all(np.isfinite(v) and v >= 0 for v in vals.values())
-        assert r["heads"] == 8  # 2 layers × 2 heads × (Q/K, V/O)
+        assert r["heads"] == 16  # 2 layers × 4 heads × (Q/K, V/O)
     # a second call skips everything and leaves the file byte-identical
     text = (reference / "results.jsonl").read_text()
     pop.evaluate_population(reference, **EVAL)
@@ -239,3 +239,23 @@ def test_cli_train_small(tmp_path, capsys):
                  "--train-size-max", "64", "--workers", "1", "--no-progress"]) == 0
     assert "2 models" in capsys.readouterr().out
     assert len(json.loads((out / "population.json").read_text())["models"]) == 2
+
+
+def test_study_runs_end_to_end_and_resumes(tmp_path, capsys):
+    out = tmp_path / "study"
+    args = ["population", "study", "--out", str(out), "--models", "3", "--epochs-max", "1", "--train-size-max",
+            "64", "--workers", "1", "--rho", "0.02", "--batches", "2", "--batch-size", "16", "--iters", "2",
+            "--bootstrap", "50", "--no-progress"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    res = json.loads((out / "correlation.json").read_text())
+    assert res["models"] == 3 and set(res["tau"]["0.02"]) == set(pop.MEASURES)
+    for meas, t in res["tau"]["0.02"].items():  # the printed table is the stored one
+        if np.isfinite(t["tau"]):
+            assert f"{t['tau']:+.2f} [{t['ci'][0]:+.2f}, {t['ci'][1]:+.2f}]" in printed
+    assert str(out / "correlation.png") in printed
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "models").rglob("model.safetensors")}
+    results = (out / "results.jsonl").read_text()
+    assert main(args) == 0  # a rerun trains and evaluates nothing again
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    assert (out / "results.jsonl").read_text() == results
