@@ -79,29 +79,97 @@ def introduce_grams(expr, blocks):
     return expr.func(*args)
 
 
-def factor_inverses(expr):
-    """Σ_i A_i M⁻¹ → (Σ_i A_i) M⁻¹ and Σ_i M⁻¹ B_i → M⁻¹ (Σ_i B_i): one solve instead of one per term."""
+def _is_small(shape, small) -> bool:
+    return all(sp.sympify(d).is_Integer or sp.sympify(d) in small for d in shape)
+
+
+def factor_inverses(expr, small=()):
+    """Pull shared factors out of sums, so each is applied once:
+
+    * Σ_i A_i M⁻¹ → (Σ_i A_i) M⁻¹ and Σ_i M⁻¹ B_i → M⁻¹ (Σ_i B_i) (one solve instead of one per term);
+    * Σ_i P B_i → P (Σ_i B_i) and Σ_i A_i P → (Σ_i A_i) P for any common first / last factor P when
+      the bracketed sum is small (all its dimensions in ``small``, e.g. h×h), e.g. the ``inv``
+      acceleration ξ M⁻¹ Gᵀξ + ξ M⁻¹ ξᵀG → ξ M⁻¹ (Gᵀξ + ξᵀG): one n×h·h×h product instead of two.
+    Inverses are tried first (right, then left), then other factors (left, then right)."""
     if isinstance(expr, sp.Basic) and not isinstance(expr, MatAdd) and expr.args and isinstance(expr, MatrixExpr):
-        return expr.func(*[factor_inverses(a) if isinstance(a, MatrixExpr) else a for a in expr.args])
+        return expr.func(*[factor_inverses(a, small) if isinstance(a, MatrixExpr) else a for a in expr.args])
     if not isinstance(expr, MatAdd):
         return expr
-    for side in (-1, 0):
+    for side, need_inverse in ((-1, True), (0, True), (0, False), (-1, False)):
         groups, rest = {}, []
         for t in expr.args:
             coeff, mats = t.as_coeff_matrices() if isinstance(t, MatMul) else (1, [t])
-            if len(mats) > 1 and isinstance(mats[side], Inverse):
+            ok = len(mats) > 1 and (isinstance(mats[side], Inverse) if need_inverse else True)
+            if ok:
                 key = mats[side]
                 body = mats[:-1] if side == -1 else mats[1:]
                 groups.setdefault(key, []).append(coeff * MatMul(*body) if len(body) > 1 else coeff * body[0])
             else:
                 rest.append(t)
+        if not need_inverse:  # only factor when the bracketed sum is small
+            for key in [k for k, v in groups.items() if len(v) < 2 or not _is_small(v[0].shape, small)]:
+                for b in groups.pop(key):
+                    rest.append(MatMul(b, key) if side == -1 else MatMul(key, b))
         if any(len(v) > 1 for v in groups.values()):
             terms = list(rest)
             for key, bodies in groups.items():
-                inner = factor_inverses(MatAdd(*bodies)) if len(bodies) > 1 else bodies[0]
+                inner = factor_inverses(MatAdd(*bodies), small) if len(bodies) > 1 else bodies[0]
                 terms.append(MatMul(inner, key) if side == -1 else MatMul(key, inner))
             return MatAdd(*terms) if len(terms) > 1 else terms[0]
     return expr
+
+
+def share_products(outputs, small=(), prefix="t"):
+    """Common-subexpression elimination for the expensive two-factor products (those contracting a
+    large dimension, e.g. Gᵀξ_G, n h² flops), treating a product and its transpose as the same
+    (ξ_GᵀG = (Gᵀξ_G)ᵀ). Returns (assignments [(symbol, expr)], rewritten outputs)."""
+    counts, exprs = {}, {}
+
+    def key_of(e):
+        t = canonicalize(Transpose(e).doit())
+        return min((str(e), e, False), (str(t), t, True), key=lambda x: x[0])
+
+    def visit(e):
+        if isinstance(e, sp.Trace):  # traces print as Σ(A ⊙ Bᵀ), cheaper than any product
+            return
+        if isinstance(e, MatMul):
+            coeff, mats = e.as_coeff_matrices()
+            if len(mats) == 2 and not _is_small([mats[0].shape[1]], small) and \
+                    all(isinstance(m, (MatrixSymbol, Transpose)) for m in mats):
+                k, canon, _ = key_of(MatMul(*mats))
+                counts[k] = counts.get(k, 0) + 1
+                exprs[k] = canon
+        if isinstance(e, sp.Basic):
+            for a in e.args:
+                visit(a)
+
+    for o in outputs:
+        visit(o)
+    shared = [k for k, c in counts.items() if c > 1]
+    if not shared:
+        return [], list(outputs)
+    assigns, subs = [], {}
+    for i, k in enumerate(sorted(shared)):
+        canon = exprs[k]
+        t = MatrixSymbol(f"{prefix}{i}", *canon.shape)
+        assigns.append((t, canon))
+        subs[canon] = t
+        subs[canonicalize(Transpose(canon).doit())] = Transpose(t)
+
+    def rewrite(e):
+        if isinstance(e, sp.Trace):
+            return e
+        if isinstance(e, MatMul):
+            coeff, mats = e.as_coeff_matrices()
+            if len(mats) == 2 and MatMul(*mats) in subs:
+                r = subs[MatMul(*mats)]
+                return r if coeff == 1 else MatMul(coeff, r)
+        if isinstance(e, sp.Basic) and e.args and isinstance(e, (MatrixExpr, sp.Expr)) \
+                and not isinstance(e, MatrixSymbol):
+            return e.func(*[rewrite(a) for a in e.args])
+        return e
+
+    return assigns, [rewrite(o) for o in outputs]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -123,32 +191,46 @@ class _Emitter:
                         dims[d] = f"{b.name}.shape[{k - 2}]"
         self.dims = dims
         self.ref = self.block_names[0]
+        A = sym.group_element
+        self.small = {sp.sympify(d) for d in getattr(A, "shape", ()) if sp.sympify(d).is_Symbol}
+        self.mat_blocks = [b for b in self.blocks if isinstance(b, MatrixSymbol)]
+        self.used = set()  # names of the per-base-point factors the kernels use (for ``prepare``)
 
     @staticmethod
     def name(s):
         return s.name if hasattr(s, "name") else str(s)
 
     def printer(self, spd=None):
-        return BatchedTorchPrinter(dims=self.dims, spd=spd or {}, ref=self.ref)
+        return BatchedTorchPrinter(dims=self.dims, spd=spd or {}, ref=self.ref, small_dims=self.small)
+
+    def factor_lines(self, outs):
+        """Gram matrices / inverses the expressions ``outs`` use: from ``cache`` when given, else
+        computed here. Returns (lines, spd map for the printer)."""
+        lines, spd = [], {}
+        for b in self.mat_blocks:
+            gs = _gram_symbol(b)
+            if any(o.has(gs) for o in outs):
+                self.used.add(gs.name)
+                lines.append(f"{gs.name} = _rt.gram({b.name}, eps) if cache is None else cache.{gs.name}")
+                if any(o.has(Inverse(gs)) for o in outs):
+                    self.used.add(f"{gs.name}_inv")
+                    lines.append(f"{gs.name}_inv = _rt.spd_inverse({gs.name}) if cache is None else cache.{gs.name}_inv")
+                    spd[gs.name] = f"{gs.name}_inv"
+        return lines, spd
+
+    def prepared(self, outs):
+        return [factor_inverses(introduce_grams(canonicalize(o), self.blocks), self.small) for o in outs]
 
     # -- function bodies -------------------------------------------------------------------------
     def body(self, outputs):
         """Lines computing ``outputs`` (list of expressions) and the list of their code strings."""
         lines = []
         if self.matrix:
-            outs = [factor_inverses(introduce_grams(canonicalize(o), self.blocks)) for o in outputs]
-            spd = {}
-            for b in self.blocks:
-                if not isinstance(b, MatrixSymbol):
-                    continue
-                gs = _gram_symbol(b)
-                used = any(o.has(gs) for o in outs)
-                if used:
-                    lines.append(f"{gs.name} = _rt.gram({b.name}, eps)")
-                    if any(o.has(Inverse(gs)) for o in outs):
-                        lines.append(f"{gs.name}_chol = torch.linalg.cholesky({gs.name})")
-                        spd[gs.name] = f"{gs.name}_chol"
+            outs = self.prepared(outputs)
+            assigns, outs = share_products(outs, self.small)
+            lines, spd = self.factor_lines(outs + [e for _, e in assigns])
             p = self.printer(spd)
+            lines += [f"{t.name} = {p.doprint(e)}" for t, e in assigns]
             return lines, [p.doprint(o) for o in outs]
         replacements, reduced = sp.cse([sp.sympify(o) for o in outputs], symbols=sp.numbered_symbols("t"))
         p = self.printer()
@@ -158,7 +240,7 @@ class _Emitter:
 
     def function(self, name, args, outputs, doc, tuple_out=None, extra_lines=(), eps=None):
         eps = self.matrix if eps is None else eps
-        sig = ", ".join(args + (["eps=0.0"] if eps else []))
+        sig = ", ".join(args + (["eps=0.0", "cache=None"] if eps else []))
         lines, codes = self.body(outputs) if outputs else ([], [])
         lines = list(extra_lines) + lines if not outputs else lines + list(extra_lines)
         tuple_out = len(codes) > 1 if tuple_out is None else tuple_out
@@ -217,17 +299,23 @@ def generate_module(geo: QuotientGeometry, module_name: str, origin: str = "") -
                 "sylvester_system", B + xi, [S1, S2, C2],
                 f"(S₁, S₂, C') of P Λ + Λ P = C' with P = S₁ S₂ = {_fmt(proj.P)}, C' = {_fmt(proj.rhs_transform)}."))
             call = "_rt.solve_sylvester_spd_product(S1, S2, Cp)"
+            cached_call = "_rt.solve_sylvester_factored(cache.sylvester, Cp)"
             unpack = "S1, S2, Cp"
         else:
             funcs.append(em.function(
                 "sylvester_system", B + xi, [proj.P, proj.Q, C2],
                 f"(P, Q, C') of P Λ + Λ Q = C' with P = {_fmt(proj.P)}, Q = {_fmt(proj.Q)}, C' = {_fmt(proj.rhs_transform)}."))
             call = "_rt.solve_sylvester(P, Q, Cp)"
+            cached_call = None
             unpack = "P, Q, Cp"
-        args = ", ".join(B + xi + ["eps=eps"])
+        args = ", ".join(B + xi + ["eps=eps", "cache=cache"])
+        lines = [f"{unpack} = sylvester_system({args})"]
+        if cached_call:
+            lines += ["if cache is not None and cache.sylvester is not None:", f"    return {cached_call}"]
         funcs.append(em.function(
-            "horizontal_lambda", B + xi, [], lam_doc + "solves the Sylvester equation of sylvester_system (batched).",
-            extra_lines=[f"{unpack} = sylvester_system({args})", f"return {call}"]))
+            "horizontal_lambda", B + xi, [], lam_doc + "solves the Sylvester equation of sylvester_system (batched"
+            + ("; with a prepared cache: four matmuls and one division" if cached_call else "") + ").",
+            extra_lines=lines + [f"return {call}"]))
     else:
         Ls = [canonicalize(l) for l, _ in proj.terms]
         Ks = [canonicalize(k) for _, k in proj.terms]
@@ -235,12 +323,12 @@ def generate_module(geo: QuotientGeometry, module_name: str, origin: str = "") -
             "kronecker_system", B + xi, Ls + Ks + [C_expr],
             "Flat tuple (L_1, …, L_k, K_1, …, K_k, C) of Σ_i L_i Λ K_i = C(ξ)."))
         k = len(Ls)
-        args = ", ".join(B + xi + ["eps=eps"])
+        args = ", ".join(B + xi + ["eps=eps", "cache=cache"])
         funcs.append(em.function(
             "horizontal_lambda", B + xi, [], lam_doc + "solves Σ_i L_i Λ K_i = C(ξ) in Kronecker form (batched).",
             extra_lines=[f"parts = kronecker_system({args})",
                          f"return _rt.solve_linear_matrix_equation(list(parts[:{k}]), list(parts[{k}:{2 * k}]), parts[{2 * k}])"]))
-    lam_call = ", ".join(B + xi + (["eps=eps"] if em.matrix else []))
+    lam_call = ", ".join(B + xi + (["eps=eps", "cache=cache"] if em.matrix else []))
     vert_out = ", ".join(f"v_{b}" for b in B)
     funcs.append(em.function(
         "horizontal_projection", B + xi, [], "Horizontal part ξ − v(Λ) of ξ.",
@@ -258,6 +346,9 @@ def generate_module(geo: QuotientGeometry, module_name: str, origin: str = "") -
     funcs.append(em.function(
         "act", B + [A], list(sym.action), "Group action ψ(A, θ): " + ", ".join(
             f"{b}: {_fmt(v)}" for b, v in zip(B, sym.action)) + ".", tuple_out=True, eps=False))
+
+    if em.matrix:
+        funcs.insert(0, _prepare_function(em, proj))
 
     doc = textwrap.dedent(f'''\
         {HEADER}
@@ -287,6 +378,33 @@ def generate_module(geo: QuotientGeometry, module_name: str, origin: str = "") -
     source = doc + "\n\n" + "\n\n".join(funcs)
     compile(source, module_name, "exec")  # syntax check before anything is written
     return GeneratedModule(module_name, source)
+
+
+def _prepare_function(em: _Emitter, proj) -> str:
+    """``prepare(blocks, eps)``: every per-base-point factor the kernels use, as a ``_rt.BasePoint``."""
+    B = em.block_names
+    lines, fields = [], []
+    for b in em.mat_blocks:
+        gs = _gram_symbol(b).name
+        if gs in em.used or proj.kind == "sylvester":
+            lines.append(f"{gs} = _rt.gram({b.name}, eps)")
+            fields.append(f"{gs}={gs}")
+        if f"{gs}_inv" in em.used:
+            lines.append(f"{gs}_inv = _rt.spd_inverse({gs})")
+            fields.append(f"{gs}_inv={gs}_inv")
+    doc = "Per-base-point factors (Gram matrices + εI" + (" and their inverses" if any(
+        u.endswith("_inv") for u in em.used) else "")
+    if proj.kind == "sylvester" and proj.spd_factors:
+        outs = em.prepared(list(proj.spd_factors))
+        p = em.printer()
+        lines.append(f"sylvester = _rt.sylvester_spd_product_factors({p.doprint(outs[0])}, {p.doprint(outs[1])})")
+        fields.append("sylvester=sylvester")
+        doc += "; eigendecomposition of P = S₁ S₂ for the Sylvester projection"
+    doc += (").\n\nCompute once per base point and pass as ``cache=`` to the other kernels: they then "
+            "do no\nfactorisation (results equal the uncached call to round-off).")
+    body = "\n".join(lines + [f"return _rt.BasePoint(({', '.join(B)},), eps" + "".join(f", {f}" for f in fields) + ")"])
+    return (f"def prepare({', '.join(B)}, eps=0.0):\n"
+            + textwrap.indent(f'"""{doc}"""\n', "    ") + textwrap.indent(body, "    ") + "\n")
 
 
 def write_modules(modules: list[GeneratedModule], directory: Path = GENERATED_DIR) -> list[Path]:

@@ -22,6 +22,12 @@ Conventions shared by all three:
   P = I, where differentiating ``eig``/``eigh`` gives inf/NaN). Reverse mode (any order: the
   backward is built from the same differentiable solvers), forward mode (``jvp``) and
   ``torch.func`` transforms (``grad``, ``jvp``, ``vmap``) are supported.
+* Per-base-point factors (:class:`BasePoint`, :class:`SylvesterFactors`): everything in the
+  geometry that depends on the base point θ only -- Gram matrices, their inverses, and for the
+  ``inv`` projection the eigendecomposition of P = S1 S2 -- is computed once by a generated module's
+  ``prepare(G, H, eps)`` and passed to its kernels as ``cache=``. With the factors at hand every
+  kernel is a few batched matmuls (plus one elementwise division for the Sylvester solve): no
+  factorisation, no triangular solve, no host synchronisation per call.
 * Validation: a shape mismatch raises ``ValueError`` naming the argument and the shapes; so does a
   NaN/inf in any input (this check synchronises with the device once per call; pass
   ``check_finite=False`` to skip it, which is required inside ``torch.func.vmap``/``torch.compile``
@@ -38,6 +44,11 @@ __all__ = [
     "solve_sylvester_spd_product",
     "solve_linear_matrix_equation",
     "gram",
+    "spd_inverse",
+    "BasePoint",
+    "SylvesterFactors",
+    "sylvester_spd_product_factors",
+    "solve_sylvester_factored",
 ]
 
 
@@ -354,3 +365,93 @@ def gram(X: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
     if eps:
         G = G + eps * torch.eye(X.shape[-1], dtype=X.dtype, device=X.device)
     return G
+
+
+# --------------------------------------------------------------------------------------------------
+# per-base-point factors (computed once, reused by every kernel call at that base point)
+# --------------------------------------------------------------------------------------------------
+def spd_inverse(S: torch.Tensor) -> torch.Tensor:
+    """S⁻¹ of a batch of symmetric positive definite matrices: S = L Lᵀ, S⁻¹ = L⁻ᵀ L⁻¹.
+
+    Applying an h×h inverse by a matmul is ~15× faster on the CPU than ``torch.cholesky_solve``
+    with an n-column right-hand side (LAPACK potrs per batch item with layout copies), and costs
+    O(h³) per matrix once. Differentiable in every AD mode (reverse, forward, ``torch.func``).
+    (Not ``torch.cholesky_inverse``: its forward-mode derivative is wrong in torch 2.13, which
+    the Koszul-reference test of the generated kernels catches.)
+    Raises ``torch.linalg.LinAlgError`` if S is not positive definite."""
+    L = torch.linalg.cholesky(S)
+    eye = torch.eye(S.shape[-1], dtype=S.dtype, device=S.device).expand_as(S)
+    L_inv = torch.linalg.solve_triangular(L, eye, upper=False)
+    return L_inv.mT @ L_inv
+
+
+class BasePoint:
+    """Factors of a base point θ, built by a generated module's ``prepare(G, H, eps)``.
+
+    Attributes are named after the generated code's symbols: ``GtG`` (Gram matrix GᵀG + εI),
+    ``GtG_inv`` (its inverse), likewise for every other block, and ``sylvester`` (a
+    :class:`SylvesterFactors`, or None when the projection needs none). ``eps`` records the
+    relaxation the factors were built with; ``blocks`` the block tensors (identity-checked by
+    :meth:`check`, so a cache is never applied to a different point by mistake).
+
+    The factors carry autograd history if the blocks do; derivatives with respect to ξ through a
+    cached kernel are exact. For derivatives with respect to the base point itself prefer the
+    uncached call (``cache=None``): it differentiates the Sylvester solve implicitly, while the
+    cached eigendecomposition is differentiated through ``eigh`` (undefined at repeated eigenvalues).
+    """
+
+    def __init__(self, blocks, eps: float, **factors):
+        self.blocks = tuple(blocks)
+        self.eps = float(eps)
+        self.sylvester = None
+        for k, v in factors.items():
+            setattr(self, k, v)
+
+    def check(self, *blocks, eps: float = 0.0) -> "BasePoint":
+        """Raise ValueError unless ``blocks`` are the tensors (same objects or same storage and
+        shape) and ``eps`` the relaxation this cache was built from; returns self."""
+        if len(blocks) != len(self.blocks) or float(eps) != self.eps:
+            raise ValueError(f"cache was built with eps={self.eps} for {len(self.blocks)} blocks; "
+                             f"called with eps={eps} and {len(blocks)} blocks")
+        for a, b in zip(blocks, self.blocks):
+            if a is b:
+                continue
+            if not (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
+                    and a.data_ptr() == b.data_ptr() and a.stride() == b.stride()):
+                raise ValueError("cache was built for a different base point (block tensors differ); "
+                                 "call prepare(...) again for this point")
+        return self
+
+    def __repr__(self):
+        names = ", ".join(k for k in vars(self) if k not in ("blocks", "eps"))
+        return f"BasePoint(eps={self.eps}, factors: {names})"
+
+
+class SylvesterFactors:
+    """P = V diag(p) V⁻¹ for P = S1 S2 (S1, S2 SPD), with D_ij = 1/(p_i + p_j).
+
+    Then P Λ + Λ P = C is solved by Λ = V ((V⁻¹ C V) ⊙ D) V⁻¹: four batched matmuls and one
+    elementwise product (:func:`solve_sylvester_factored`)."""
+
+    def __init__(self, V: torch.Tensor, V_inv: torch.Tensor, D: torch.Tensor):
+        self.V, self.V_inv, self.D = V, V_inv, D
+
+
+def sylvester_spd_product_factors(S1: torch.Tensor, S2: torch.Tensor) -> SylvesterFactors:
+    """Factors of P = S1 S2 (S1, S2 SPD, batched) for :func:`solve_sylvester_factored`.
+
+    Same construction as :func:`solve_sylvester_spd_product`: S1 = L Lᵀ (Cholesky), M = Lᵀ S2 L =
+    U diag(p) Uᵀ (``eigh``), V = L U, V⁻¹ = Uᵀ L⁻¹ (L⁻¹ by one triangular solve against I)."""
+    S1, S2 = _sym(S1), _sym(S2)
+    L = torch.linalg.cholesky(S1)
+    p, U = torch.linalg.eigh(_sym(L.mT @ S2 @ L))
+    eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device).expand_as(L)
+    L_inv = torch.linalg.solve_triangular(L, eye, upper=False)
+    return SylvesterFactors(L @ U, U.mT @ L_inv, 1.0 / (p.unsqueeze(-1) + p.unsqueeze(-2)))
+
+
+def solve_sylvester_factored(f: SylvesterFactors, C: torch.Tensor) -> torch.Tensor:
+    """Λ = V ((V⁻¹ C V) ⊙ D) V⁻¹ solving P Λ + Λ P = C with the factors of P (batched, linear in C,
+    differentiable). No validation and no host synchronisation: the hot path of the ``inv``
+    horizontal projection at a fixed base point."""
+    return f.V @ (((f.V_inv @ C) @ f.V) * f.D) @ f.V_inv

@@ -23,13 +23,26 @@ ELEMENTWISE = False
 PROJECTION_KIND = 'sylvester'
 
 
-def inner(G, H, xi_G, xi_H, eta_G, eta_H, eps=0.0):
-    """g_θ(ξ, η) = Trace((G.T*G)^-1*xi_G.T*eta_G) + Trace((H.T*H)^-1*xi_H.T*eta_H)."""
+def prepare(G, H, eps=0.0):
+    """Per-base-point factors (Gram matrices + εI and their inverses; eigendecomposition of P = S₁ S₂ for the Sylvester projection).
+
+    Compute once per base point and pass as ``cache=`` to the other kernels: they then do no
+    factorisation (results equal the uncached call to round-off)."""
     GtG = _rt.gram(G, eps)
-    GtG_chol = torch.linalg.cholesky(GtG)
+    GtG_inv = _rt.spd_inverse(GtG)
     HtH = _rt.gram(H, eps)
-    HtH_chol = torch.linalg.cholesky(HtH)
-    return ((torch.cholesky_solve(xi_G.mT, GtG_chol)) * eta_G.mT).sum((-2, -1)) + ((torch.cholesky_solve(xi_H.mT, HtH_chol)) * eta_H.mT).sum((-2, -1))
+    HtH_inv = _rt.spd_inverse(HtH)
+    sylvester = _rt.sylvester_spd_product_factors(HtH, GtG)
+    return _rt.BasePoint((G, H,), eps, GtG=GtG, GtG_inv=GtG_inv, HtH=HtH, HtH_inv=HtH_inv, sylvester=sylvester)
+
+
+def inner(G, H, xi_G, xi_H, eta_G, eta_H, eps=0.0, cache=None):
+    """g_θ(ξ, η) = Trace((G.T*G)^-1*xi_G.T*eta_G) + Trace((H.T*H)^-1*xi_H.T*eta_H)."""
+    GtG = _rt.gram(G, eps) if cache is None else cache.GtG
+    GtG_inv = _rt.spd_inverse(GtG) if cache is None else cache.GtG_inv
+    HtH = _rt.gram(H, eps) if cache is None else cache.HtH
+    HtH_inv = _rt.spd_inverse(HtH) if cache is None else cache.HtH_inv
+    return ((GtG_inv @ xi_G.mT) * eta_G.mT).sum((-2, -1)) + ((HtH_inv @ xi_H.mT) * eta_H.mT).sum((-2, -1))
 
 
 def vertical(G, H, X):
@@ -37,49 +50,53 @@ def vertical(G, H, X):
     return G @ X, -(H @ X.mT)
 
 
-def horizontal_residual(G, H, xi_G, xi_H, eps=0.0):
+def horizontal_residual(G, H, xi_G, xi_H, eps=0.0, cache=None):
     """C(ξ) = -(H.T*H)^-1*xi_H.T*H + G.T*xi_G*(G.T*G)^-1; ξ is horizontal iff C(ξ) = 0."""
-    GtG = _rt.gram(G, eps)
-    GtG_chol = torch.linalg.cholesky(GtG)
-    HtH = _rt.gram(H, eps)
-    HtH_chol = torch.linalg.cholesky(HtH)
-    return torch.cholesky_solve(((G.mT) @ xi_G).mT, GtG_chol).mT - (torch.cholesky_solve((xi_H.mT) @ H, HtH_chol))
+    GtG = _rt.gram(G, eps) if cache is None else cache.GtG
+    GtG_inv = _rt.spd_inverse(GtG) if cache is None else cache.GtG_inv
+    HtH = _rt.gram(H, eps) if cache is None else cache.HtH
+    HtH_inv = _rt.spd_inverse(HtH) if cache is None else cache.HtH_inv
+    return (G.mT @ xi_G) @ GtG_inv - (HtH_inv @ (xi_H.mT @ H))
 
 
-def sylvester_system(G, H, xi_G, xi_H, eps=0.0):
+def sylvester_system(G, H, xi_G, xi_H, eps=0.0, cache=None):
     """(S₁, S₂, C') of P Λ + Λ P = C' with P = S₁ S₂ = H.T*H*G.T*G, C' = H.T*H*C*G.T*G."""
-    GtG = _rt.gram(G, eps)
-    HtH = _rt.gram(H, eps)
-    return HtH, GtG, HtH @ ((G.mT) @ xi_G) - ((xi_H.mT) @ (H @ GtG))
+    GtG = _rt.gram(G, eps) if cache is None else cache.GtG
+    HtH = _rt.gram(H, eps) if cache is None else cache.HtH
+    return HtH, GtG, HtH @ (G.mT @ xi_G) - ((xi_H.mT @ H) @ GtG)
 
 
-def horizontal_lambda(G, H, xi_G, xi_H, eps=0.0):
-    """Λ such that ξ − v(Λ) is horizontal: solves the Sylvester equation of sylvester_system (batched)."""
-    S1, S2, Cp = sylvester_system(G, H, xi_G, xi_H, eps=eps)
+def horizontal_lambda(G, H, xi_G, xi_H, eps=0.0, cache=None):
+    """Λ such that ξ − v(Λ) is horizontal: solves the Sylvester equation of sylvester_system (batched; with a prepared cache: four matmuls and one division)."""
+    S1, S2, Cp = sylvester_system(G, H, xi_G, xi_H, eps=eps, cache=cache)
+    if cache is not None and cache.sylvester is not None:
+        return _rt.solve_sylvester_factored(cache.sylvester, Cp)
     return _rt.solve_sylvester_spd_product(S1, S2, Cp)
 
 
-def horizontal_projection(G, H, xi_G, xi_H, eps=0.0):
+def horizontal_projection(G, H, xi_G, xi_H, eps=0.0, cache=None):
     """Horizontal part ξ − v(Λ) of ξ."""
-    Lam = horizontal_lambda(G, H, xi_G, xi_H, eps=eps)
+    Lam = horizontal_lambda(G, H, xi_G, xi_H, eps=eps, cache=cache)
     v_G, v_H = vertical(G, H, Lam)
     return xi_G - v_G, xi_H - v_H
 
 
-def riemannian_gradient(G, H, egrad_G, egrad_H, eps=0.0):
+def riemannian_gradient(G, H, egrad_G, egrad_H, eps=0.0, cache=None):
     """Riemannian gradient 𝔾⁻¹(∇f): G: egrad_G*G.T*G, H: egrad_H*H.T*H."""
-    GtG = _rt.gram(G, eps)
-    HtH = _rt.gram(H, eps)
+    GtG = _rt.gram(G, eps) if cache is None else cache.GtG
+    HtH = _rt.gram(H, eps) if cache is None else cache.HtH
     return egrad_G @ GtG, egrad_H @ HtH
 
 
-def geodesic_acceleration(G, H, xi_G, xi_H, eps=0.0):
+def geodesic_acceleration(G, H, xi_G, xi_H, eps=0.0, cache=None):
     """γ̈(0) = −Γ(ξ, ξ): G: -G*(G.T*G)^-1*xi_G.T*xi_G + xi_G*(G.T*G)^-1*G.T*xi_G + xi_G*(G.T*G)^-1*xi_G.T*G, H: -H*(H.T*H)^-1*xi_H.T*xi_H + xi_H*(H.T*H)^-1*H.T*xi_H + xi_H*(H.T*H)^-1*xi_H.T*H."""
-    GtG = _rt.gram(G, eps)
-    GtG_chol = torch.linalg.cholesky(GtG)
-    HtH = _rt.gram(H, eps)
-    HtH_chol = torch.linalg.cholesky(HtH)
-    return xi_G @ torch.cholesky_solve((G.mT) @ xi_G, GtG_chol) + xi_G @ torch.cholesky_solve((xi_G.mT) @ G, GtG_chol) - (G @ torch.cholesky_solve((xi_G.mT) @ xi_G, GtG_chol)), xi_H @ torch.cholesky_solve((H.mT) @ xi_H, HtH_chol) + xi_H @ torch.cholesky_solve((xi_H.mT) @ H, HtH_chol) - (H @ torch.cholesky_solve((xi_H.mT) @ xi_H, HtH_chol))
+    GtG = _rt.gram(G, eps) if cache is None else cache.GtG
+    GtG_inv = _rt.spd_inverse(GtG) if cache is None else cache.GtG_inv
+    HtH = _rt.gram(H, eps) if cache is None else cache.HtH
+    HtH_inv = _rt.spd_inverse(HtH) if cache is None else cache.HtH_inv
+    t0 = G.mT @ xi_G
+    t1 = H.mT @ xi_H
+    return -(G @ (GtG_inv @ (xi_G.mT @ xi_G))) + xi_G @ (GtG_inv @ (t0 + t0.mT)), -(H @ (HtH_inv @ (xi_H.mT @ xi_H))) + xi_H @ (HtH_inv @ (t1 + t1.mT))
 
 
 def act(G, H, A):

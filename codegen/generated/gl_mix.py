@@ -23,10 +23,22 @@ ELEMENTWISE = False
 PROJECTION_KIND = 'explicit'
 
 
-def inner(G, H, xi_G, xi_H, eta_G, eta_H, eps=0.0):
-    """g_θ(ξ, η) = Trace(G.T*G*xi_H.T*eta_H) + Trace(H.T*H*xi_G.T*eta_G)."""
+def prepare(G, H, eps=0.0):
+    """Per-base-point factors (Gram matrices + εI and their inverses).
+
+    Compute once per base point and pass as ``cache=`` to the other kernels: they then do no
+    factorisation (results equal the uncached call to round-off)."""
     GtG = _rt.gram(G, eps)
+    GtG_inv = _rt.spd_inverse(GtG)
     HtH = _rt.gram(H, eps)
+    HtH_inv = _rt.spd_inverse(HtH)
+    return _rt.BasePoint((G, H,), eps, GtG=GtG, GtG_inv=GtG_inv, HtH=HtH, HtH_inv=HtH_inv)
+
+
+def inner(G, H, xi_G, xi_H, eta_G, eta_H, eps=0.0, cache=None):
+    """g_θ(ξ, η) = Trace(G.T*G*xi_H.T*eta_H) + Trace(H.T*H*xi_G.T*eta_G)."""
+    GtG = _rt.gram(G, eps) if cache is None else cache.GtG
+    HtH = _rt.gram(H, eps) if cache is None else cache.HtH
     return ((GtG @ xi_H.mT) * eta_H.mT).sum((-2, -1)) + ((HtH @ xi_G.mT) * eta_G.mT).sum((-2, -1))
 
 
@@ -35,45 +47,47 @@ def vertical(G, H, X):
     return G @ X, -(H @ X.mT)
 
 
-def horizontal_residual(G, H, xi_G, xi_H, eps=0.0):
+def horizontal_residual(G, H, xi_G, xi_H, eps=0.0, cache=None):
     """C(ξ) = -G.T*G*xi_H.T*H + G.T*xi_G*H.T*H; ξ is horizontal iff C(ξ) = 0."""
-    GtG = _rt.gram(G, eps)
-    HtH = _rt.gram(H, eps)
-    return (G.mT) @ (xi_G @ HtH) - (GtG @ ((xi_H.mT) @ H))
+    GtG = _rt.gram(G, eps) if cache is None else cache.GtG
+    HtH = _rt.gram(H, eps) if cache is None else cache.HtH
+    return (G.mT @ xi_G) @ HtH - (GtG @ (xi_H.mT @ H))
 
 
-def horizontal_lambda(G, H, xi_G, xi_H, eps=0.0):
+def horizontal_lambda(G, H, xi_G, xi_H, eps=0.0, cache=None):
     """Λ such that ξ − v(Λ) is horizontal: Λ = (1/2)*(G.T*G)^-1*C*(H.T*H)^-1 with C = C(ξ)."""
-    GtG = _rt.gram(G, eps)
-    GtG_chol = torch.linalg.cholesky(GtG)
-    HtH = _rt.gram(H, eps)
-    HtH_chol = torch.linalg.cholesky(HtH)
-    return -1/2 * (torch.cholesky_solve(((xi_H.mT) @ H).mT, HtH_chol).mT) + 1/2 * (torch.cholesky_solve((G.mT) @ xi_G, GtG_chol))
+    GtG = _rt.gram(G, eps) if cache is None else cache.GtG
+    GtG_inv = _rt.spd_inverse(GtG) if cache is None else cache.GtG_inv
+    HtH = _rt.gram(H, eps) if cache is None else cache.HtH
+    HtH_inv = _rt.spd_inverse(HtH) if cache is None else cache.HtH_inv
+    return -1/2 * ((xi_H.mT @ H) @ HtH_inv) + 1/2 * (GtG_inv @ (G.mT @ xi_G))
 
 
-def horizontal_projection(G, H, xi_G, xi_H, eps=0.0):
+def horizontal_projection(G, H, xi_G, xi_H, eps=0.0, cache=None):
     """Horizontal part ξ − v(Λ) of ξ."""
-    Lam = horizontal_lambda(G, H, xi_G, xi_H, eps=eps)
+    Lam = horizontal_lambda(G, H, xi_G, xi_H, eps=eps, cache=cache)
     v_G, v_H = vertical(G, H, Lam)
     return xi_G - v_G, xi_H - v_H
 
 
-def riemannian_gradient(G, H, egrad_G, egrad_H, eps=0.0):
+def riemannian_gradient(G, H, egrad_G, egrad_H, eps=0.0, cache=None):
     """Riemannian gradient 𝔾⁻¹(∇f): G: egrad_G*(H.T*H)^-1, H: egrad_H*(G.T*G)^-1."""
-    GtG = _rt.gram(G, eps)
-    GtG_chol = torch.linalg.cholesky(GtG)
-    HtH = _rt.gram(H, eps)
-    HtH_chol = torch.linalg.cholesky(HtH)
-    return torch.cholesky_solve(egrad_G.mT, HtH_chol).mT, torch.cholesky_solve(egrad_H.mT, GtG_chol).mT
+    GtG = _rt.gram(G, eps) if cache is None else cache.GtG
+    GtG_inv = _rt.spd_inverse(GtG) if cache is None else cache.GtG_inv
+    HtH = _rt.gram(H, eps) if cache is None else cache.HtH
+    HtH_inv = _rt.spd_inverse(HtH) if cache is None else cache.HtH_inv
+    return egrad_G @ HtH_inv, egrad_H @ GtG_inv
 
 
-def geodesic_acceleration(G, H, xi_G, xi_H, eps=0.0):
+def geodesic_acceleration(G, H, xi_G, xi_H, eps=0.0, cache=None):
     """γ̈(0) = −Γ(ξ, ξ): G: G*xi_H.T*xi_H*(H.T*H)^-1 - xi_G*H.T*xi_H*(H.T*H)^-1 - xi_G*xi_H.T*H*(H.T*H)^-1, H: H*xi_G.T*xi_G*(G.T*G)^-1 - xi_H*G.T*xi_G*(G.T*G)^-1 - xi_H*xi_G.T*G*(G.T*G)^-1."""
-    GtG = _rt.gram(G, eps)
-    GtG_chol = torch.linalg.cholesky(GtG)
-    HtH = _rt.gram(H, eps)
-    HtH_chol = torch.linalg.cholesky(HtH)
-    return torch.cholesky_solve((G @ ((xi_H.mT) @ xi_H) - (xi_G @ ((H.mT) @ xi_H)) - (xi_G @ ((xi_H.mT) @ H))).mT, HtH_chol).mT, torch.cholesky_solve((H @ ((xi_G.mT) @ xi_G) - (xi_H @ ((G.mT) @ xi_G)) - (xi_H @ ((xi_G.mT) @ G))).mT, GtG_chol).mT
+    GtG = _rt.gram(G, eps) if cache is None else cache.GtG
+    GtG_inv = _rt.spd_inverse(GtG) if cache is None else cache.GtG_inv
+    HtH = _rt.gram(H, eps) if cache is None else cache.HtH
+    HtH_inv = _rt.spd_inverse(HtH) if cache is None else cache.HtH_inv
+    t0 = G.mT @ xi_G
+    t1 = H.mT @ xi_H
+    return (G @ (xi_H.mT @ xi_H) + xi_G @ (-(t1) - (t1.mT))) @ HtH_inv, (H @ (xi_G.mT @ xi_G) + xi_H @ (-(t0) - (t0.mT))) @ GtG_inv
 
 
 def act(G, H, A):

@@ -23,9 +23,18 @@ ELEMENTWISE = False
 PROJECTION_KIND = 'explicit'
 
 
-def inner(W, xi_W, eta_W, eps=0.0):
-    """g_θ(ξ, η) = Trace(xi_W.T*eta_W)/Trace(W.T*W)."""
+def prepare(W, eps=0.0):
+    """Per-base-point factors (Gram matrices + εI).
+
+    Compute once per base point and pass as ``cache=`` to the other kernels: they then do no
+    factorisation (results equal the uncached call to round-off)."""
     WtW = _rt.gram(W, eps)
+    return _rt.BasePoint((W,), eps, WtW=WtW)
+
+
+def inner(W, xi_W, eta_W, eps=0.0, cache=None):
+    """g_θ(ξ, η) = Trace(xi_W.T*eta_W)/Trace(W.T*W)."""
+    WtW = _rt.gram(W, eps) if cache is None else cache.WtW
     return ((xi_W.mT) * eta_W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1)
 
 
@@ -34,34 +43,34 @@ def vertical(W, x):
     return ((x)[..., None, None] * W,)
 
 
-def horizontal_residual(W, xi_W, eps=0.0):
+def horizontal_residual(W, xi_W, eps=0.0, cache=None):
     """C(ξ) = Trace(xi_W.T*W)/Trace(W.T*W); ξ is horizontal iff C(ξ) = 0."""
-    WtW = _rt.gram(W, eps)
+    WtW = _rt.gram(W, eps) if cache is None else cache.WtW
     return ((xi_W.mT) * W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1)
 
 
-def horizontal_lambda(W, xi_W, eps=0.0):
+def horizontal_lambda(W, xi_W, eps=0.0, cache=None):
     """Λ such that ξ − v(Λ) is horizontal: Λ = C with C = C(ξ)."""
-    WtW = _rt.gram(W, eps)
+    WtW = _rt.gram(W, eps) if cache is None else cache.WtW
     return ((xi_W.mT) * W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1)
 
 
-def horizontal_projection(W, xi_W, eps=0.0):
+def horizontal_projection(W, xi_W, eps=0.0, cache=None):
     """Horizontal part ξ − v(Λ) of ξ."""
-    Lam = horizontal_lambda(W, xi_W, eps=eps)
+    Lam = horizontal_lambda(W, xi_W, eps=eps, cache=cache)
     v_W, = vertical(W, Lam)
     return xi_W - v_W,
 
 
-def riemannian_gradient(W, egrad_W, eps=0.0):
+def riemannian_gradient(W, egrad_W, eps=0.0, cache=None):
     """Riemannian gradient 𝔾⁻¹(∇f): W: Trace(W.T*W)*egrad_W."""
-    WtW = _rt.gram(W, eps)
+    WtW = _rt.gram(W, eps) if cache is None else cache.WtW
     return ((torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1))[..., None, None] * egrad_W,)
 
 
-def geodesic_acceleration(W, xi_W, eps=0.0):
+def geodesic_acceleration(W, xi_W, eps=0.0, cache=None):
     """γ̈(0) = −Γ(ξ, ξ): W: (-Trace(xi_W.T*xi_W)/Trace(W.T*W))*W + ((Trace(W.T*xi_W)/Trace(W.T*W) + Trace(xi_W.T*W)/Trace(W.T*W))*xi_W)."""
-    WtW = _rt.gram(W, eps)
+    WtW = _rt.gram(W, eps) if cache is None else cache.WtW
     return ((-((xi_W.mT) * xi_W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1))[..., None, None] * W + (((W.mT) * xi_W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1) + ((xi_W.mT) * W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1))[..., None, None] * xi_W,)
 
 
