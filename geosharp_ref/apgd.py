@@ -18,6 +18,10 @@ p_{j+1} = p_j + max(p_j − p_{j−1} − 0.03, 0.06), the step is halved and th
 the best point when (1) fewer than 75 % of the steps since the last checkpoint increased f, or
 (2) the step was not halved at the last checkpoint and the best value has not improved since.
 The best iterate is kept; ``n_iter`` gradient evaluations follow the one at the start.
+
+Host synchronisation: the step normalisation stays on the device; the only value read back per
+iteration is f (returned as a float by ``f_and_grad``), which the best-iterate and step-size
+bookkeeping needs anyway.
 """
 from __future__ import annotations
 
@@ -81,8 +85,10 @@ def apgd(f_and_grad, space, rho: float, n_iter: int = 20, random_start: bool = F
     increases = 0
     for k in range(n_iter):
         d = space.ascent_direction(x, g)
-        dn = float(space.inner(d, d)) ** 0.5
-        z = space.project(x if dn == 0 else _lin(1.0, x, eta / dn, d), rho)
+        # normalised step η d/‖d‖ (0 when d = 0), kept on the device: no host synchronisation here
+        dn = torch.as_tensor(space.inner(d, d)).clamp_min(0).sqrt()
+        step = torch.where(dn > 0, eta / dn, torch.zeros_like(dn))
+        z = space.project(_lin(1.0, x, step, d), rho)
         a = 1.0 if k == 0 else momentum
         x_new = space.project([xi + a * (zi - xi) + (1 - a) * (xi - pi)
                                for xi, zi, pi in zip(x, z, x_prev)], rho)

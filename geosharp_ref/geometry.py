@@ -15,6 +15,11 @@ Tangent vectors are tuples ``(xi_G, xi_H)``; every call broadcasts over leading 
 ``act(G, H, A)``              (G A, H A⁻ᵀ)
 ============================  ======================================================
 
+Base-point cache: everything that depends on θ only (Gram matrices, their inverses, for ``inv`` the
+eigendecomposition behind the Sylvester projection) is computed by ``prepare(G, H)`` once; every
+method takes it as ``cache=`` and then runs as a few batched matmuls (Auto-PGD keeps one cache per
+run). Results equal the uncached call to round-off; the cache must come from the same (G, H, ε).
+
 Relaxation ε (paper App. H.2): every Gram matrix XᵀX is replaced by XᵀX + εI. ε = 0 (default) is
 exact and keeps invariance to round-off; heads whose G or H is (numerically) rank deficient need
 ε > 0 — small against the spectrum of XᵀX (e.g. 1e-6 · mean eigenvalue) so results do not move.
@@ -53,31 +58,39 @@ class GLPairGeometry:
             if t.shape != ref.shape:
                 raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(ref.shape)}")
 
-    def inner(self, G, H, xi, eta):
+    def prepare(self, G, H):
+        """Per-base-point factors for ``cache=`` (see module doc); compute once per (G, H)."""
+        self._check(G, H)
+        return self.kernels.prepare(G, H, eps=self.eps)
+
+    def _cache(self, G, H, cache):
+        return None if cache is None else cache.check(G, H, eps=self.eps)
+
+    def inner(self, G, H, xi, eta, cache=None):
         self._check(G, H, (xi[0], G, "xi_G"), (xi[1], H, "xi_H"), (eta[0], G, "eta_G"), (eta[1], H, "eta_H"))
-        return self.kernels.inner(G, H, *xi, *eta, eps=self.eps)
+        return self.kernels.inner(G, H, *xi, *eta, eps=self.eps, cache=self._cache(G, H, cache))
 
-    def norm(self, G, H, xi):
-        return self.inner(G, H, xi, xi).clamp_min(0).sqrt()
+    def norm(self, G, H, xi, cache=None):
+        return self.inner(G, H, xi, xi, cache=cache).clamp_min(0).sqrt()
 
-    def project_horizontal(self, G, H, xi):
+    def project_horizontal(self, G, H, xi, cache=None):
         self._check(G, H, (xi[0], G, "xi_G"), (xi[1], H, "xi_H"))
-        return self.kernels.horizontal_projection(G, H, *xi, eps=self.eps)
+        return self.kernels.horizontal_projection(G, H, *xi, eps=self.eps, cache=self._cache(G, H, cache))
 
-    def horizontal_residual(self, G, H, xi):
-        return self.kernels.horizontal_residual(G, H, *xi, eps=self.eps)
+    def horizontal_residual(self, G, H, xi, cache=None):
+        return self.kernels.horizontal_residual(G, H, *xi, eps=self.eps, cache=self._cache(G, H, cache))
 
-    def riemannian_gradient(self, G, H, egrad):
+    def riemannian_gradient(self, G, H, egrad, cache=None):
         self._check(G, H, (egrad[0], G, "egrad_G"), (egrad[1], H, "egrad_H"))
-        return self.kernels.riemannian_gradient(G, H, *egrad, eps=self.eps)
+        return self.kernels.riemannian_gradient(G, H, *egrad, eps=self.eps, cache=self._cache(G, H, cache))
 
-    def geodesic_acceleration(self, G, H, xi):
+    def geodesic_acceleration(self, G, H, xi, cache=None):
         self._check(G, H, (xi[0], G, "xi_G"), (xi[1], H, "xi_H"))
-        return self.kernels.geodesic_acceleration(G, H, *xi, eps=self.eps)
+        return self.kernels.geodesic_acceleration(G, H, *xi, eps=self.eps, cache=self._cache(G, H, cache))
 
-    def exp2(self, G, H, xi):
+    def exp2(self, G, H, xi, cache=None):
         """Second-order geodesic γ(1) ≈ θ + ξ + ½ γ̈(0)."""
-        aG, aH = self.geodesic_acceleration(G, H, xi)
+        aG, aH = self.geodesic_acceleration(G, H, xi, cache=cache)
         return G + xi[0] + 0.5 * aG, H + xi[1] + 0.5 * aH
 
     def act(self, G, H, A):

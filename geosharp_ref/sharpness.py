@@ -126,9 +126,16 @@ class PerturbationSpace:
         # saved calls do, so ``stack_groups=None`` enables it on non-CPU devices only).
         self._buckets = self._make_buckets(self.stack_groups)
         self._check_pairs()
+        # Base-point factors (Gram matrices, inverses, the inv metric's Sylvester eigendecomposition),
+        # one cache per bucket, built once and reused by every kernel call of the Auto-PGD run.
+        self._caches = [self.geometry.prepare(G, H) for _, G, H, _ in self._buckets] \
+            if self.geometry is not None and self.cache_factors else []
 
     #: True: always stack equal-shaped groups; False: never; None: only on non-CPU devices.
     stack_groups: Optional[bool] = None
+    #: Reuse per-base-point factors (Gram inverses, Sylvester eigendecomposition) across all kernel
+    #: calls of the run (default); False recomputes them in every call (the reference path).
+    cache_factors: bool = True
 
     def _make_buckets(self, stack):
         if not self.pairs:
@@ -153,14 +160,14 @@ class PerturbationSpace:
         """Apply ``fn(G, H, *per-tangent (ξ_G, ξ_H))`` bucket-wise; returns a list over groups of
         fn's outputs (split back per group)."""
         out = [None] * len(self.pairs)
-        for idx, G, H, sizes in self._buckets:
+        for b, (idx, G, H, sizes) in enumerate(self._buckets):
             args = []
             for t in tangents:
                 if len(idx) == 1:
                     args.append((t[2 * idx[0]], t[2 * idx[0] + 1]))
                 else:
                     args.append((torch.cat([t[2 * i] for i in idx]), torch.cat([t[2 * i + 1] for i in idx])))
-            res = fn(G, H, *args)
+            res = fn(G, H, *args, cache=self._caches[b]) if self._caches else fn(G, H, *args)
             if len(idx) == 1:
                 out[idx[0]] = res
                 continue
@@ -232,6 +239,10 @@ class PerturbationSpace:
     def norm(self, xi):
         return float(self.inner(xi, xi)) ** 0.5
 
+    def _norm_t(self, xi):
+        """‖ξ‖ as a 0-dim tensor (no host synchronisation)."""
+        return torch.as_tensor(self.inner(xi, xi)).clamp_min(0).sqrt()
+
     def project_horizontal(self, xi):
         px, ax = self._split(xi)
         if self.geometry is not None:
@@ -245,9 +256,11 @@ class PerturbationSpace:
         return xi if n == 0 else [x * (radius / n) for x in xi]
 
     def project(self, xi, rho):
+        """Horizontal projection, then radially into the ball ‖ξ‖ ≤ ρ: ξ · min(1, ρ/‖ξ‖), computed on
+        the device (no host synchronisation; ρ/0 = inf clamps to 1)."""
         xi = self.project_horizontal(xi)
-        n = self.norm(xi)
-        return xi if n <= rho else [x * (rho / n) for x in xi]
+        s = (rho / self._norm_t(xi)).clamp(max=1.0)
+        return [x * s.to(x.dtype) for x in xi]
 
     def ascent_direction(self, xi, egrad):
         """Horizontal Riemannian gradient 𝔾_θ⁻¹ ∇ at the base point θ."""

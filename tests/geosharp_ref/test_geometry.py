@@ -333,3 +333,34 @@ def test_adaptive_geometry_all_zero_weight():
     x = torch.ones(3, dtype=DT)
     assert float(geo.inner(w, x, x)) == 0.0
     assert torch.equal(geo.riemannian_gradient(w, x), torch.zeros(3, dtype=DT))
+
+
+# ---------------------------------------------------------------------------------------------
+# Base-point cache (prepare → cache=): the fast path Auto-PGD uses
+# ---------------------------------------------------------------------------------------------
+
+@metrics
+@given(setup=setups(), eps=st.sampled_from([0.0, 1e-3]))
+def test_cached_methods_equal_uncached(metric, setup, eps):
+    gen, G, H, A = _data(setup)
+    geo = gl_pair(metric, eps)
+    xi, eta = _tangent(gen, G, H), _tangent(gen, G, H)
+    cache = geo.prepare(G, H)
+    for name, args in (("inner", (xi, eta)), ("project_horizontal", (xi,)), ("horizontal_residual", (xi,)),
+                       ("riemannian_gradient", (xi,)), ("geodesic_acceleration", (xi,)), ("exp2", (xi,)),
+                       ("norm", (xi,))):
+        fn = getattr(geo, name)
+        a, b = fn(G, H, *args), fn(G, H, *args, cache=cache)
+        assert _rel(b, a) <= 1e-12, name
+
+
+@metrics
+def test_cache_from_another_point_or_relaxation_is_refused(metric):
+    gen = torch.Generator().manual_seed(0)
+    G, H = _point(gen, (2,), 5, 3), _point(gen, (2,), 4, 3)
+    xi = _tangent(gen, G, H)
+    cache = gl_pair(metric).prepare(G, H)
+    with pytest.raises(ValueError, match="different base point"):
+        gl_pair(metric).project_horizontal(G * 2, H, xi, cache=cache)
+    with pytest.raises(ValueError, match="eps"):
+        gl_pair(metric, 1e-3).inner(G, H, xi, xi, cache=cache)

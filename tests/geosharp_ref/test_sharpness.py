@@ -93,3 +93,26 @@ def test_exclude_rejects_unknown_names_and_removes_parameters():
     only_head = adaptive_sharpness(model, [batch], 0.1, n_iter=5, exclude=names)
     full = adaptive_sharpness(model, [batch], 0.1, n_iter=5)
     assert only_head.config["adaptive_params"] == 1 and only_head.mean != full.mean
+
+
+@pytest.mark.parametrize("metric", ["inv", "mix"])
+def test_cached_base_point_factors_give_the_same_sharpness(metric):
+    """The Auto-PGD run reuses one base-point cache per bucket (Gram inverses, Sylvester factors);
+    recomputing every factor in every kernel call (cache_factors=False) gives the same run."""
+    torch.manual_seed(3)
+    model = TinyAttention().double()
+    batch = (torch.randn(4, 5, 8, dtype=torch.float64), torch.randint(0, 3, (4,)))
+    old = PerturbationSpace.cache_factors
+    out = {}
+    try:
+        for cached in (False, True):
+            PerturbationSpace.cache_factors = cached
+            out[cached] = geodesic_sharpness(model, [batch], 0.2, metric=metric, n_iter=8, random_start=True,
+                                             seed=1, keep_trajectories=True)
+    finally:
+        PerturbationSpace.cache_factors = old
+    a, b = out[False], out[True]
+    assert a.mean > 0
+    assert abs(a.mean - b.mean) <= 1e-12 * max(1.0, abs(a.mean))
+    assert abs(a.perturbation_norms[0] - b.perturbation_norms[0]) <= 1e-12
+    np.testing.assert_allclose(a.trajectories[0], b.trajectories[0], rtol=1e-12, atol=1e-14)
