@@ -32,7 +32,8 @@ Layout of ``DIR``::
     evaluation.json            evaluation settings (a resumed evaluate must use the same ones)
     results.jsonl              one line per model, append-only, fsync'd; canonical order once complete
     results.parts/rank*.jsonl  per-rank files of a distributed (torchrun) evaluation, merged at the end
-    correlation.json / .csv, correlation.png
+    correlation.json / .csv, correlation_tau.csv, correlation.png
+    results-TAG.jsonl, evaluation-TAG.json, correlation-TAG.*   another evaluation (``--tag TAG``), e.g. ablations
 
 Resumability: each model directory is written to a temporary directory and moved in place with
 ``os.replace`` (a model directory either exists complete or not at all), so an interrupted ``train``
@@ -66,10 +67,19 @@ __all__ = ["sample_hparams", "train_one", "train_population", "read_manifest", "
            "correlate_population", "run_study", "main_population", "MEASURES", "DEFAULT_RHOS"]
 
 MANIFEST = "population.json"
-RESULTS = "results.jsonl"
-PARTS = "results.parts"
-EVAL_CONFIG = "evaluation.json"
 MEASURES = ("adaptive", "geodesic-inv", "geodesic-mix")
+# Ablations (paper App. G): no second-order geodesic correction (γ_ξ(1) = θ + ξ, horizontal ξ in the
+# metric ball), or the geodesic with the pair components measured in the Frobenius norm.
+ABLATIONS = ("geodesic-inv-first-order", "geodesic-mix-first-order", "geodesic-inv-frobenius",
+             "geodesic-mix-frobenius")
+ALL_MEASURES = MEASURES + ABLATIONS
+
+
+def _files(tag: str = "") -> dict:
+    """File names of one evaluation of a population (``tag`` separates several evaluations)."""
+    sfx = f"-{tag}" if tag else ""
+    return dict(results=f"results{sfx}.jsonl", parts=f"results{sfx}.parts", config=f"evaluation{sfx}.json",
+                correlation=f"correlation{sfx}")
 DEFAULT_RHOS = (0.003, 0.01, 0.03, 0.1)
 
 
@@ -338,7 +348,11 @@ def _rho_key(rho) -> str:
 
 
 def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, seed: int = 0) -> dict:
-    """``{measure: {rho_key: mean sharpness}}`` plus the loss on the batches (deterministic)."""
+    """``{measure: {rho_key: mean sharpness}}`` plus the loss on the batches (deterministic).
+
+    ``measures`` from :data:`ALL_MEASURES`: ``adaptive``, ``geodesic-{inv,mix}`` and the ablations
+    ``geodesic-{inv,mix}-first-order`` (no γ̈ correction) and ``geodesic-{inv,mix}-frobenius``
+    (Frobenius norm on the pair components)."""
     from .sharpness import adaptive_sharpness, geodesic_sharpness
     from .symmetry_map import symmetry_map as build_symmetry_map
 
@@ -352,8 +366,10 @@ def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, se
             if measure == "adaptive":
                 r = adaptive_sharpness(model, batches, rho, n_iter=n_iter, seed=seed)
             else:
-                r = geodesic_sharpness(model, batches, rho, metric=measure.split("-", 1)[1], n_iter=n_iter,
-                                       seed=seed, symmetry_map=smap)
+                parts = measure.split("-")
+                r = geodesic_sharpness(model, batches, rho, metric=parts[1], n_iter=n_iter, seed=seed,
+                                       symmetry_map=smap, geodesic_correction="first" not in parts,
+                                       metric_norm="frobenius" not in parts)
             values[measure][_rho_key(rho)] = r.mean
             loss = sum(r.loss_before) / len(r.loss_before)
     return dict(values=values, loss=loss, heads=sum(g.num_heads for g in smap.groups))
@@ -390,10 +406,10 @@ def _append_line(path: Path, record: dict) -> None:
         os.close(fd)
 
 
-def read_results(out) -> dict:
+def read_results(out, tag: str = "") -> dict:
     """``{model name: record}`` from ``results.jsonl`` and any per-rank part files (first wins)."""
-    out = Path(out)
-    files = [out / RESULTS] + sorted((out / PARTS).glob("rank*.jsonl"))
+    out, f = Path(out), _files(tag)
+    files = [out / f["results"]] + sorted((out / f["parts"]).glob("rank*.jsonl"))
     recs = {}
     for f in files:
         for r in _read_jsonl(f):
@@ -401,38 +417,38 @@ def read_results(out) -> dict:
     return recs
 
 
-def _finalize(out: Path, manifest, extra=()) -> bool:
+def _finalize(out: Path, manifest, extra=(), tag: str = "") -> bool:
     """Rank 0: canonical ``results.jsonl`` (manifest order, one line per model); parts removed."""
-    recs = read_results(out)
+    recs, files = read_results(out, tag), _files(tag)
     for r in extra:
         recs.setdefault(r["model"], r)
     names = [m["name"] for m in manifest["models"]]
     if not all(n in recs for n in names):
         return False
     text = "".join(json.dumps(recs[n], sort_keys=True) + "\n" for n in names)
-    path = out / RESULTS
+    path = out / files["results"]
     if not path.is_file() or path.read_text() != text:
-        tmp = out / f".{RESULTS}.tmp-{os.getpid()}"
+        tmp = out / f".{files['results']}.tmp-{os.getpid()}"
         with open(tmp, "w") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
         _fsync_dir(out)
-    if (out / PARTS).is_dir():
-        shutil.rmtree(out / PARTS, ignore_errors=True)
+    if (out / files["parts"]).is_dir():
+        shutil.rmtree(out / files["parts"], ignore_errors=True)
     return True
 
 
 def evaluate_population(out, rhos=DEFAULT_RHOS, measures=MEASURES, n_batches: int = 4, batch_size: int = 32,
                         n_iter: int = 20, seed: int = 0, threads: int | None = 1, progress: bool = True,
-                        device=None) -> dict:
+                        device=None, tag: str = "") -> dict:
     """Sharpness of every model of the population in ``out`` (resumable; torch.distributed-aware).
 
     Returns ``{model name: record}`` (on every rank, read back from disk after the merge)."""
     from . import distributed as gdist
 
-    out = Path(out)
+    out, files = Path(out), _files(tag)
     manifest = read_manifest(out)
     rank, world = gdist.rank_world()
     if threads:
@@ -440,22 +456,22 @@ def evaluate_population(out, rhos=DEFAULT_RHOS, measures=MEASURES, n_batches: in
     if device is None:
         device = gdist.default_device()
     measures = tuple(measures)
-    unknown = sorted(set(measures) - set(MEASURES))
+    unknown = sorted(set(measures) - set(ALL_MEASURES))
     if unknown:
-        raise ValueError(f"unknown measures {unknown}; choose from {list(MEASURES)}")
+        raise ValueError(f"unknown measures {unknown}; choose from {list(ALL_MEASURES)}")
     rhos = [float(r) for r in rhos]
     if not rhos or any(not (math.isfinite(r) and r > 0) for r in rhos):
         raise ValueError(f"every rho must be positive and finite, got {rhos}")
     config = dict(rhos=[_rho_key(r) for r in rhos], measures=list(measures), batches=n_batches,
                   batch_size=batch_size, iters=n_iter, seed=seed, labels="clean", subset="pool[:batches*batch_size]")
-    cpath = out / EVAL_CONFIG
+    cpath = out / files["config"]
     error = None
     if rank == 0:
         if cpath.is_file():
             old = json.loads(cpath.read_text())
             if old != config:
                 error = (f"{cpath} holds other evaluation settings ({old}); use the same options to "
-                         f"resume, or delete {cpath} and {out / RESULTS} to start over")
+                         f"resume, use another --tag, or delete {cpath} and {out / files['results']} to start over")
         else:
             _write_json_atomic(cpath, config)
     error = gdist.broadcast_object(error)  # every rank stops together (no rank left in a barrier)
@@ -463,13 +479,13 @@ def evaluate_population(out, rhos=DEFAULT_RHOS, measures=MEASURES, n_batches: in
         raise ValueError(error)
 
     if world > 1:
-        (out / PARTS).mkdir(exist_ok=True)
-        mine_path = out / PARTS / f"rank{rank}.jsonl"
+        (out / files["parts"]).mkdir(exist_ok=True)
+        mine_path = out / files["parts"] / f"rank{rank}.jsonl"
         _read_jsonl(mine_path, repair=True)
     else:
-        mine_path = out / RESULTS
-    _read_jsonl(out / RESULTS, repair=(rank == 0))
-    done = read_results(out) if rank == 0 else None
+        mine_path = out / files["results"]
+    _read_jsonl(out / files["results"], repair=(rank == 0))
+    done = read_results(out, tag) if rank == 0 else None
     done_names = gdist.broadcast_object(sorted(done) if rank == 0 else None)  # one view for every rank
     pending = [m for m in manifest["models"] if m["name"] not in set(done_names)]
     mine = gdist.shard(pending, rank, world)
@@ -497,24 +513,30 @@ def evaluate_population(out, rhos=DEFAULT_RHOS, measures=MEASURES, n_batches: in
     bar.close()
     gathered = gdist.gather_objects(new)  # rank 0: every rank's new records (no shared disk needed)
     if rank == 0:
-        _finalize(out, manifest, extra=[r for part in gathered for r in part])
+        _finalize(out, manifest, extra=[r for part in gathered for r in part], tag=tag)
     gdist.barrier()
-    return read_results(out)
+    return read_results(out, tag)
 
 
 # ------------------------------------------------------------------------------------------------
 # Correlation
 # ------------------------------------------------------------------------------------------------
 
-def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = True, stream=None) -> dict:
+def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = True, stream=None,
+                         tag: str = "") -> dict:
     """Kendall τ (with bootstrap CI) of each measure at each ρ against the gap; JSON, CSV, PNG, table."""
     from .diagnet import kendall_with_ci
 
     out = Path(out)
     stream = stream or sys.stdout
     manifest = read_manifest(out)
-    cfg = json.loads((out / EVAL_CONFIG).read_text())
-    recs = read_results(out)
+    files = _files(tag)
+    if not (out / files["config"]).is_file():
+        raise FileNotFoundError(f"{out / files['config']} does not exist; run `geosharp population evaluate "
+                                f"--out {out}{f' --tag {tag}' if tag else ''}` first")
+    cfg = json.loads((out / files["config"]).read_text())
+    recs = read_results(out, tag)
+    stem = out / files["correlation"]
     names = [m["name"] for m in manifest["models"] if m["name"] in recs]
     missing = len(manifest["models"]) - len(names)
     if len(names) < 3:
@@ -529,17 +551,17 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
             table[rho][meas] = kendall_with_ci(x, gap, n_boot=n_boot, seed=seed)
     result = dict(models=len(names), missing=missing, bootstrap=n_boot, tau=table, evaluation=cfg,
                   gap=dict(min=float(gap.min()), max=float(gap.max()), mean=float(gap.mean())))
-    _write_json_atomic(out / "correlation.json", result)
+    _write_json_atomic(stem.with_suffix(".json"), result)
     import csv
 
-    with open(out / "correlation.csv", "w", newline="") as f:
+    with open(stem.with_suffix(".csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["model", "train_error", "test_error", "gap"] +
                    [f"{m}@rho={r}" for r in cfg["rhos"] for m in cfg["measures"]])
         for n in names:
             w.writerow([n, metrics[n]["train_error"], metrics[n]["test_error"], metrics[n]["gap"]] +
                        [recs[n]["values"][m][r] for r in cfg["rhos"] for m in cfg["measures"]])
-    with open(out / "correlation_tau.csv", "w", newline="") as f:
+    with open(stem.with_name(stem.name + "_tau.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["rho", "measure", "tau", "ci_low", "ci_high", "p", "n"])
         for r in cfg["rhos"]:
@@ -547,8 +569,8 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
                 t = table[r][m]
                 w.writerow([r, m, t["tau"], t["ci"][0], t["ci"][1], t["p"], t["n"]])
     if plot:
-        _scatter(out / "correlation.png", names, recs, gap, cfg, table)
-        result["plot"] = str(out / "correlation.png")
+        _scatter(stem.with_suffix(".png"), names, recs, gap, cfg, table)
+        result["plot"] = str(stem.with_suffix(".png"))
     print(f"Kendall τ (sharpness vs generalization gap) over {len(names)} models"
           f"{f' ({missing} not evaluated)' if missing else ''}, 95% bootstrap CI ({n_boot} resamples)",
           file=stream)
@@ -559,8 +581,9 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
             t = table[r][m]
             cells.append(f"{t['tau']:+.2f} [{t['ci'][0]:+.2f}, {t['ci'][1]:+.2f}]")
         print(f"{r:>8s}  " + "  ".join(f"{c:>24s}" for c in cells), file=stream)
-    print(f"written: {out / 'correlation.json'}, {out / 'correlation.csv'}, {out / 'correlation_tau.csv'}"
-          + (f", {out / 'correlation.png'}" if plot else ""), file=stream)
+    written = [stem.with_suffix(".json"), stem.with_suffix(".csv"), stem.with_name(stem.name + "_tau.csv")]
+    written += [stem.with_suffix(".png")] if plot else []
+    print("written: " + ", ".join(map(str, written)), file=stream)
     return result
 
 
@@ -644,7 +667,10 @@ def main_population(argv=None) -> int:
     e.add_argument("--out", required=True, metavar="DIR", help="population directory")
     e.add_argument("--rho", type=float, nargs="+", default=list(DEFAULT_RHOS), metavar="R",
                    help=f"ρ sweep (default {' '.join(map(str, DEFAULT_RHOS))})")
-    e.add_argument("--measures", nargs="+", default=list(MEASURES), choices=MEASURES)
+    e.add_argument("--measures", nargs="+", default=list(MEASURES), choices=ALL_MEASURES,
+                   help="default: adaptive geodesic-inv geodesic-mix; ablations: " + " ".join(ABLATIONS))
+    e.add_argument("--tag", default="", help="name of this evaluation (separate results-TAG.jsonl, "
+                                             "evaluation-TAG.json, correlation-TAG.*), e.g. for ablations")
     e.add_argument("--batches", type=int, default=4, help="fixed training batches (default 4)")
     e.add_argument("--batch-size", type=int, default=32, help="examples per batch (default 32; batches × "
                                                               "batch size should not exceed the smallest "
@@ -683,6 +709,7 @@ def main_population(argv=None) -> int:
     c.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default 1000)")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--no-plot", action="store_true")
+    c.add_argument("--tag", default="", help="which evaluation to correlate (see evaluate --tag)")
     args = p.parse_args(argv)
     try:
         if args.action == "train":
@@ -697,9 +724,10 @@ def main_population(argv=None) -> int:
             with gdist.maybe_init():
                 recs = evaluate_population(args.out, rhos=args.rho, measures=args.measures,
                                            n_batches=args.batches, batch_size=args.batch_size, n_iter=args.iters,
-                                           seed=args.seed, threads=args.threads, progress=not args.no_progress)
+                                           seed=args.seed, threads=args.threads, progress=not args.no_progress,
+                                           tag=args.tag)
                 if gdist.rank_world()[0] == 0:
-                    print(f"{len(recs)} models evaluated -> {Path(args.out) / RESULTS}")
+                    print(f"{len(recs)} models evaluated -> {Path(args.out) / _files(args.tag)['results']}")
         elif args.action == "study":
             run_study(args.out, task=args.task, n_models=args.models, seed=args.seed, epochs_max=args.epochs_max,
                       train_size_max=args.train_size_max, workers=args.workers, rhos=args.rho,
@@ -712,7 +740,8 @@ def main_population(argv=None) -> int:
             print(f"{len(man['models'])} models registered in {Path(args.out) / MANIFEST}; next: "
                   f"geosharp population evaluate --out {args.out}")
         else:
-            correlate_population(args.out, n_boot=args.bootstrap, seed=args.seed, plot=not args.no_plot)
+            correlate_population(args.out, n_boot=args.bootstrap, seed=args.seed, plot=not args.no_plot,
+                                 tag=args.tag)
     except (FileNotFoundError, ValueError) as exc:
         print(f"geosharp population: error: {exc}", file=sys.stderr)
         return 2

@@ -259,3 +259,30 @@ def test_study_runs_end_to_end_and_resumes(tmp_path, capsys):
     assert main(args) == 0  # a rerun trains and evaluates nothing again
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
     assert (out / "results.jsonl").read_text() == results
+
+
+def test_tagged_ablation_evaluation_is_separate(reference, tmp_path):
+    """Ablations go to their own files (--tag) and equal direct geodesic_sharpness calls with the flags."""
+    from geosharp_ref.commands import load_model
+    from geosharp_ref.sharpness import geodesic_sharpness
+
+    out = _copy(reference, tmp_path, results=True)
+    main_results = (out / "results.jsonl").read_text()
+    ev = dict(EVAL, rhos=(0.02,), measures=("geodesic-mix-first-order", "geodesic-inv-frobenius"))
+    recs = pop.evaluate_population(out, tag="abl", **ev)
+    assert (out / "results.jsonl").read_text() == main_results  # untouched
+    assert (out / "results-abl.jsonl").read_text().count("\n") == N_MODELS
+    man = json.loads((out / "population.json").read_text())
+    batches = pop.sharpness_batches(man, EVAL["n_batches"], EVAL["batch_size"], out)
+    model = load_model(out / "models/model_001")
+    first = geodesic_sharpness(model, batches, 0.02, metric="mix", n_iter=EVAL["n_iter"], geodesic_correction=False)
+    frob = geodesic_sharpness(model, batches, 0.02, metric="inv", n_iter=EVAL["n_iter"], metric_norm=False)
+    full = geodesic_sharpness(model, batches, 0.02, metric="mix", n_iter=EVAL["n_iter"])
+    vals = recs["model_001"]["values"]
+    assert vals["geodesic-mix-first-order"]["0.02"] == pytest.approx(first.mean, rel=1e-12)
+    assert vals["geodesic-inv-frobenius"]["0.02"] == pytest.approx(frob.mean, rel=1e-12)
+    assert first.mean != pytest.approx(full.mean, rel=1e-9)  # the ablation really changes the measure
+    res = pop.correlate_population(out, n_boot=50, tag="abl", plot=False)
+    assert set(res["tau"]["0.02"]) == set(ev["measures"]) and (out / "correlation-abl.json").is_file()
+    with pytest.raises(FileNotFoundError, match="--tag nope"):
+        pop.correlate_population(out, tag="nope")
