@@ -571,6 +571,9 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
     if plot:
         _scatter(stem.with_suffix(".png"), names, recs, gap, cfg, table)
         result["plot"] = str(stem.with_suffix(".png"))
+        if len(cfg["rhos"]) > 1:
+            _tau_vs_rho(stem.with_name(stem.name + "_rho.png"), cfg, table, len(names))
+            result["plot_rho"] = str(stem.with_name(stem.name + "_rho.png"))
     print(f"Kendall τ (sharpness vs generalization gap) over {len(names)} models"
           f"{f' ({missing} not evaluated)' if missing else ''}, 95% bootstrap CI ({n_boot} resamples)",
           file=stream)
@@ -582,9 +585,34 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
             cells.append(f"{t['tau']:+.2f} [{t['ci'][0]:+.2f}, {t['ci'][1]:+.2f}]")
         print(f"{r:>8s}  " + "  ".join(f"{c:>24s}" for c in cells), file=stream)
     written = [stem.with_suffix(".json"), stem.with_suffix(".csv"), stem.with_name(stem.name + "_tau.csv")]
-    written += [stem.with_suffix(".png")] if plot else []
+    written += [Path(result[k]) for k in ("plot", "plot_rho") if k in result]
     print("written: " + ", ".join(map(str, written)), file=stream)
     return result
+
+
+def _tau_vs_rho(path, cfg, table, n_models):
+    """Kendall τ against ρ for each measure, with the bootstrap 95 % interval as a band."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5.2, 3.6), constrained_layout=True)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    rhos = sorted(cfg["rhos"], key=float)
+    x = [float(r) for r in rhos]
+    for m in cfg["measures"]:
+        tau = [table[r][m]["tau"] for r in rhos]
+        lo = [table[r][m]["ci"][0] for r in rhos]
+        hi = [table[r][m]["ci"][1] for r in rhos]
+        line, = ax.plot(x, tau, marker="o", label=m)
+        ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.15)
+    ax.axhline(0.0, color="0.5", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("ρ")
+    ax.set_ylabel("Kendall τ (sharpness, gap)")
+    ax.set_title(f"τ as a function of ρ ({n_models} models, 95 % bootstrap CI)", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=110)
 
 
 def _scatter(path, names, recs, gap, cfg, table):

@@ -219,6 +219,7 @@ def test_correlate_outputs(reference, tmp_path, capsys):
             assert (np.isnan(t["tau"]) and np.isnan(expect)) or t["tau"] == pytest.approx(expect)
             assert len(t["ci"]) == 2 and t["n"] == N_MODELS
     assert (out / "correlation.png").stat().st_size > 1000
+    assert (out / "correlation_rho.png").stat().st_size > 1000  # τ(ρ), two ρ values
     assert (out / "correlation_tau.csv").read_text().count("\n") == 1 + 2 * 3
     assert (out / "correlation.csv").read_text().count("\n") == 1 + N_MODELS
 
