@@ -6,7 +6,12 @@ Maximises f(ξ) over {ξ horizontal, ‖ξ‖_g ≤ ρ}. The space object suppli
 * ``space.inner(xi, eta)`` — the metric g (a scalar);
 * ``space.ascent_direction(egrad)`` — horizontal Riemannian gradient 𝔾⁻¹∇f projected horizontally;
 * ``space.project(xi, rho)`` — onto the horizontal space, then radially into the g-ball (exact,
-  because the horizontal projection is g-orthogonal and the ball is a g-ball).
+  because the horizontal projection is g-orthogonal and the ball is a g-ball);
+* optionally ``space.clip(xi, rho)`` — the radial step alone, for vectors that are horizontal
+  already. The iterates below are linear combinations of horizontal vectors (the start point and
+  the ascent directions are projected), so the two per-iteration projections reduce to ``clip``
+  (the horizontal projection is idempotent: skipping it changes nothing but round-off); spaces
+  without ``clip`` get ``project``.
 
 The iteration (L2 version, step normalised in the metric):
 
@@ -72,6 +77,7 @@ def apgd(f_and_grad, space, rho: float, n_iter: int = 20, random_start: bool = F
     """Maximise f over the horizontal g-ball of radius ``rho``; ``f_and_grad(xi) -> (float, egrad)``."""
     x = space.random(rho, generator) if random_start else space.zeros()
     x = space.project(x, rho)
+    clip = getattr(space, "clip", space.project)
     f, g = f_and_grad(x)
     f0 = f
     values, steps = [f], []
@@ -88,10 +94,9 @@ def apgd(f_and_grad, space, rho: float, n_iter: int = 20, random_start: bool = F
         # normalised step η d/‖d‖ (0 when d = 0), kept on the device: no host synchronisation here
         dn = torch.as_tensor(space.inner(d, d)).clamp_min(0).sqrt()
         step = torch.where(dn > 0, eta / dn, torch.zeros_like(dn))
-        z = space.project(_lin(1.0, x, step, d), rho)
+        z = clip(_lin(1.0, x, step, d), rho)
         a = 1.0 if k == 0 else momentum
-        x_new = space.project([xi + a * (zi - xi) + (1 - a) * (xi - pi)
-                               for xi, zi, pi in zip(x, z, x_prev)], rho)
+        x_new = clip([xi + a * (zi - xi) + (1 - a) * (xi - pi) for xi, zi, pi in zip(x, z, x_prev)], rho)
         f_new, g_new = f_and_grad(x_new)
         values.append(f_new)
         steps.append(eta)

@@ -262,6 +262,12 @@ class PerturbationSpace:
         s = (rho / self._norm_t(xi)).clamp(max=1.0)
         return [x * s.to(x.dtype) for x in xi]
 
+    def clip(self, xi, rho):
+        """Radially into the ball only: ξ · min(1, ρ/‖ξ‖), for ξ already horizontal (e.g. a linear
+        combination of projected vectors, as in the Auto-PGD updates); no horizontal projection."""
+        s = (rho / self._norm_t(xi)).clamp(max=1.0)
+        return [x * s.to(x.dtype) for x in xi]
+
     def ascent_direction(self, xi, egrad):
         """Horizontal Riemannian gradient 𝔾_θ⁻¹ ∇ at the base point θ."""
         pg, ag = self._split(egrad)
