@@ -1,0 +1,57 @@
+"""Profile one Auto-PGD iteration (as in benchmarks/run.py case 1) with torch.profiler.
+
+    .venv/bin/python benchmarks/profile_iteration.py [--model bert|vit] [--measure geodesic-inv] [--quick]
+
+Prints the top operators by self CPU time, split into the geometry part (ascent direction, norm,
+projections) and the forward/backward part (perturbed_params + model + autograd).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
+
+from benchmarks.run import _iteration_setup, make_model  # noqa: E402
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="bert")
+    ap.add_argument("--measure", default="geodesic-inv")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rows", type=int, default=25)
+    a = ap.parse_args(argv)
+    model, batch = make_model(a.model, a.quick, batch=8 if not a.quick else 2)
+    space, fg, x, rho = _iteration_setup(model, batch, a.measure)
+    _, g = fg(x)
+
+    def step():
+        with record_function("geometry"):
+            eta = 2.0 * rho
+            d = space.ascent_direction(x, g)
+            dn = space.inner(d, d).sqrt()
+            z = space.clip([u + (eta / dn) * v for u, v in zip(x, d)], rho)
+            x_new = space.clip([u + 0.75 * (w - u) for u, w in zip(x, z)], rho)
+        with record_function("forward_backward"):
+            fg(x_new)
+
+    step()  # warm
+    t = time.perf_counter()
+    step()
+    print(f"one iteration: {time.perf_counter() - t:.3f} s ({a.measure}, {a.model}, "
+          f"{torch.get_num_threads()} threads)")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=a.rows))
+
+
+if __name__ == "__main__":
+    main()
