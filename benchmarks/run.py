@@ -346,9 +346,9 @@ def hand_inv_acc(G, H, xG, xH):
 def hand_mix_acc(G, H, xG, xH):
     Gi, Hi = _inv(G), _inv(H)
     tG, tH = G.mT @ xG, H.mT @ xH
-    aG = G @ (xH.mT @ xH) - xG @ (tH + tH.mT)
-    aH = H @ (xG.mT @ xG) - xH @ (tG + tG.mT)
-    return aG @ Hi, aH @ Gi
+    aG = G @ ((xH.mT @ xH) @ Hi) - xG @ ((tH + tH.mT) @ Hi)  # inverse folded into the h×h factors
+    aH = H @ ((xG.mT @ xG) @ Gi) - xH @ ((tG + tG.mT) @ Gi)
+    return aG, aH
 
 
 def hand_inv_proj(G, H, xG, xH):

@@ -24,6 +24,7 @@ failing derivation never leaves a half-written module.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import textwrap
 from dataclasses import dataclass
@@ -79,18 +80,30 @@ def introduce_grams(expr, blocks):
     return expr.func(*args)
 
 
+_GRAM = re.compile(r"^(\w+)t\1$")  # the names _gram_symbol gives: GtG, HtH, WtW
+
+
 def _is_small(shape, small) -> bool:
     return all(sp.sympify(d).is_Integer or sp.sympify(d) in small for d in shape)
+
+
+def _is_solve(M) -> bool:
+    """An inverse applied by a solve (not a Gram symbol's explicit inverse)."""
+    return isinstance(M, Inverse) and not (isinstance(M.arg, MatrixSymbol) and _GRAM.match(M.arg.name))
 
 
 def factor_inverses(expr, small=()):
     """Pull shared factors out of sums, so each is applied once:
 
-    * Σ_i A_i M⁻¹ → (Σ_i A_i) M⁻¹ and Σ_i M⁻¹ B_i → M⁻¹ (Σ_i B_i) (one solve instead of one per term);
+    * Σ_i A_i M⁻¹ → (Σ_i A_i) M⁻¹ and Σ_i M⁻¹ B_i → M⁻¹ (Σ_i B_i) for inverses applied by a solve
+      (one solve instead of one per term); inverses of Gram symbols (``BtB``) are explicit h×h
+      matrices (``BtB_inv``) and are treated like any other factor;
     * Σ_i P B_i → P (Σ_i B_i) and Σ_i A_i P → (Σ_i A_i) P for any common first / last factor P when
       the bracketed sum is small (all its dimensions in ``small``, e.g. h×h), e.g. the ``inv``
       acceleration ξ M⁻¹ Gᵀξ + ξ M⁻¹ ξᵀG → ξ M⁻¹ (Gᵀξ + ξᵀG): one n×h·h×h product instead of two.
-    Inverses are tried first (right, then left), then other factors (left, then right)."""
+      A large sum is left distributed: (G S₁ + ξ S₂) M⁻¹ costs three n×h·h×h products,
+      G (S₁ M⁻¹) + ξ (S₂ M⁻¹) two (the ``mix`` acceleration).
+    Solve-inverses are tried first (right, then left), then other factors (left, then right)."""
     if isinstance(expr, sp.Basic) and not isinstance(expr, MatAdd) and expr.args and isinstance(expr, MatrixExpr):
         return expr.func(*[factor_inverses(a, small) if isinstance(a, MatrixExpr) else a for a in expr.args])
     if not isinstance(expr, MatAdd):
@@ -99,7 +112,7 @@ def factor_inverses(expr, small=()):
         groups, rest = {}, []
         for t in expr.args:
             coeff, mats = t.as_coeff_matrices() if isinstance(t, MatMul) else (1, [t])
-            ok = len(mats) > 1 and (isinstance(mats[side], Inverse) if need_inverse else True)
+            ok = len(mats) > 1 and (_is_solve(mats[side]) if need_inverse else True)
             if ok:
                 key = mats[side]
                 body = mats[:-1] if side == -1 else mats[1:]

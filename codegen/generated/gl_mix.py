@@ -87,7 +87,7 @@ def geodesic_acceleration(G, H, xi_G, xi_H, eps=0.0, cache=None):
     HtH_inv = _rt.spd_inverse(HtH) if cache is None else cache.HtH_inv
     t0 = G.mT @ xi_G
     t1 = H.mT @ xi_H
-    return (G @ (xi_H.mT @ xi_H) + xi_G @ (-(t1) - (t1.mT))) @ HtH_inv, (H @ (xi_G.mT @ xi_G) + xi_H @ (-(t0) - (t0.mT))) @ GtG_inv
+    return G @ ((xi_H.mT @ xi_H) @ HtH_inv) + xi_G @ ((-(t1) - (t1.mT)) @ HtH_inv), H @ ((xi_G.mT @ xi_G) @ GtG_inv) + xi_H @ ((-(t0) - (t0.mT)) @ GtG_inv)
 
 
 def act(G, H, A):
