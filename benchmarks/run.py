@@ -666,7 +666,7 @@ def main(argv=None):
             res[name] = fn(*args)
             print(f"[bench] {name} done in {time.perf_counter() - t:.1f} s", flush=True)
 
-    run("iteration", case_iteration, q, device, a.reps or (2 if q else 3))
+    run("iteration", case_iteration, q, device, a.reps or (2 if q else 5))
     run("geometry", case_geometry, q, device, a.reps or (3 if q else 5))
     run("kernels", case_kernels, q, device, a.reps or (3 if q else 7))
     run("derive", case_derive, q)

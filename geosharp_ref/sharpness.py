@@ -256,16 +256,21 @@ class PerturbationSpace:
         return xi if n == 0 else [x * (radius / n) for x in xi]
 
     def project(self, xi, rho):
-        """Horizontal projection, then radially into the ball ‖ξ‖ ≤ ρ: ξ · min(1, ρ/‖ξ‖), computed on
-        the device (no host synchronisation; ρ/0 = inf clamps to 1)."""
-        xi = self.project_horizontal(xi)
-        s = (rho / self._norm_t(xi)).clamp(max=1.0)
-        return [x * s.to(x.dtype) for x in xi]
+        """Horizontal projection, then radially into the ball ‖ξ‖ ≤ ρ (see :meth:`clip`)."""
+        return self.clip(self.project_horizontal(xi), rho)
 
     def clip(self, xi, rho):
         """Radially into the ball only: ξ · min(1, ρ/‖ξ‖), for ξ already horizontal (e.g. a linear
-        combination of projected vectors, as in the Auto-PGD updates); no horizontal projection."""
-        s = (rho / self._norm_t(xi)).clamp(max=1.0)
+        combination of projected vectors, as in the Auto-PGD updates); no horizontal projection.
+
+        On accelerators the factor stays on the device (no host synchronisation; ρ/0 = inf clamps
+        to 1) and every ξ is rescaled; on the CPU, where reading the norm costs nothing, ξ inside
+        the ball is returned as is (saves a pass over all parameters)."""
+        n = self._norm_t(xi)
+        if not xi or n.device.type == "cpu":
+            n = float(n)
+            return xi if n <= rho else [x * (rho / n) for x in xi]
+        s = (rho / n).clamp(max=1.0)
         return [x * s.to(x.dtype) for x in xi]
 
     def ascent_direction(self, xi, egrad):
