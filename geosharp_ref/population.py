@@ -628,9 +628,13 @@ def _scatter(path, names, recs, gap, cfg, table):
             ax = axes[i][j]
             x = [recs[n]["values"][m][r] for n in names]
             ax.scatter(x, gap, s=14, alpha=0.8)
+            # τ only sees ranks: a log axis shows them when the values span decades
+            log = min(x) > 0 and max(x) > 20 * min(x)
+            if log:
+                ax.set_xscale("log")
             t = table[r][m]
             ax.set_title(f"{m}, ρ={r}: τ={t['tau']:+.2f} [{t['ci'][0]:+.2f}, {t['ci'][1]:+.2f}]", fontsize=9)
-            ax.set_xlabel("sharpness")
+            ax.set_xlabel("sharpness (log scale)" if log else "sharpness")
             ax.set_ylabel("generalization gap")
     fig.savefig(path, dpi=110)
 
