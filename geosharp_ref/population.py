@@ -2,7 +2,7 @@
 
     geosharp population train     --out DIR [--models 32] [--workers 2] [--epochs-max 30] ...
     geosharp population evaluate  --out DIR [--rho 0.003 0.01 0.03 0.1] [--batches 4] [--batch-size 32] ...
-    geosharp population correlate --out DIR [--bootstrap 1000]
+    geosharp population correlate --out DIR [--bootstrap 1000] [--where label_noise=0 ...]
 
     geosharp population study     --out DIR [--task vision|text] [--models 32] ...   (all three, resumable)
     geosharp population import    --out DIR --models M1.pt M2.pt ... --metrics M.csv --data D.pt
@@ -64,7 +64,7 @@ from .population_task import PopulationTask, Split, get_task, slice_inputs, TASK
 
 __all__ = ["sample_hparams", "train_one", "train_population", "read_manifest", "sharpness_batches",
            "load_population_model", "evaluate_model", "evaluate_population", "read_results",
-           "correlate_population", "run_study", "main_population", "MEASURES", "DEFAULT_RHOS"]
+           "correlate_population", "parse_where", "run_study", "main_population", "MEASURES", "DEFAULT_RHOS"]
 
 MANIFEST = "population.json"
 MEASURES = ("adaptive", "geodesic-inv", "geodesic-mix")
@@ -522,9 +522,43 @@ def evaluate_population(out, rhos=DEFAULT_RHOS, measures=MEASURES, n_batches: in
 # Correlation
 # ------------------------------------------------------------------------------------------------
 
+def parse_where(items) -> dict:
+    """``["label_noise=0", "augment=false"]`` → ``{"label_noise": 0, "augment": False}`` (values read as
+    JSON where they parse, e.g. numbers and true/false, else kept as strings)."""
+    where = {}
+    for item in items or ():
+        key, sep, raw = str(item).partition("=")
+        if not sep or not key:
+            raise ValueError(f"--where {item!r}: expected KEY=VALUE, e.g. label_noise=0")
+        try:
+            where[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            where[key] = raw
+    return where
+
+
+def _subset(manifest, where: dict) -> list:
+    """Manifest entries whose hyper-parameters match every ``key: value`` of ``where``."""
+    models = manifest["models"]
+    known = sorted({k for m in models for k in (m.get("hparams") or {})})
+    unknown = sorted(set(where) - set(known))
+    if unknown:
+        raise ValueError(f"--where names unknown hyper-parameters {unknown}; this population records "
+                         f"{known or 'none (an imported population has no hyper-parameters)'}")
+    return [m for m in models if all((m.get("hparams") or {}).get(k) == v for k, v in where.items())]
+
+
+def _where_suffix(where: dict) -> str:
+    return "".join(f"-{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in sorted(where.items()))
+
+
 def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = True, stream=None,
-                         tag: str = "") -> dict:
-    """Kendall τ (with bootstrap CI) of each measure at each ρ against the gap; JSON, CSV, PNG, table."""
+                         tag: str = "", where: dict | None = None) -> dict:
+    """Kendall τ (with bootstrap CI) of each measure at each ρ against the gap; JSON, CSV, PNG, table.
+
+    ``where`` restricts the population to the models whose recorded hyper-parameters match, e.g.
+    ``{"label_noise": 0}`` (outputs ``correlation-label_noise=0.*``), to see whether a correlation
+    survives within a stratum or is carried by one hyper-parameter."""
     from .diagnet import kendall_with_ci
 
     out = Path(out)
@@ -536,12 +570,18 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
                                 f"--out {out}{f' --tag {tag}' if tag else ''}` first")
     cfg = json.loads((out / files["config"]).read_text())
     recs = read_results(out, tag)
-    stem = out / files["correlation"]
-    names = [m["name"] for m in manifest["models"] if m["name"] in recs]
-    missing = len(manifest["models"]) - len(names)
+    where = dict(where or {})
+    chosen = _subset(manifest, where) if where else manifest["models"]
+    stem = out / (files["correlation"] + _where_suffix(where))
+    names = [m["name"] for m in chosen if m["name"] in recs]
+    missing = len(chosen) - len(names)
     if len(names) < 3:
-        raise ValueError(f"only {len(names)} evaluated models in {out}; run `geosharp population evaluate` first")
+        raise ValueError(f"only {len(names)} evaluated models in {out}"
+                         f"{f' matching {where}' if where else ''}; Kendall τ needs at least 3"
+                         f"{'' if where else '; run `geosharp population evaluate` first'}")
     metrics = {m["name"]: m["metrics"] for m in manifest["models"]}
+    hparams = {m["name"]: m.get("hparams") or {} for m in manifest["models"]}
+    hkeys = sorted({k for n in names for k in hparams[n]})
     gap = np.array([metrics[n]["gap"] for n in names])
     table = {}
     for rho in cfg["rhos"]:
@@ -550,17 +590,18 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
             x = np.array([recs[n]["values"][meas][rho] for n in names])
             table[rho][meas] = kendall_with_ci(x, gap, n_boot=n_boot, seed=seed)
     result = dict(models=len(names), missing=missing, bootstrap=n_boot, tau=table, evaluation=cfg,
-                  gap=dict(min=float(gap.min()), max=float(gap.max()), mean=float(gap.mean())))
+                  gap=dict(min=float(gap.min()), max=float(gap.max()), mean=float(gap.mean())), where=where)
     _write_json_atomic(stem.with_suffix(".json"), result)
     import csv
 
     with open(stem.with_suffix(".csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["model", "train_error", "test_error", "gap"] +
-                   [f"{m}@rho={r}" for r in cfg["rhos"] for m in cfg["measures"]])
+                   [f"{m}@rho={r}" for r in cfg["rhos"] for m in cfg["measures"]] + hkeys)
         for n in names:
             w.writerow([n, metrics[n]["train_error"], metrics[n]["test_error"], metrics[n]["gap"]] +
-                       [recs[n]["values"][m][r] for r in cfg["rhos"] for m in cfg["measures"]])
+                       [recs[n]["values"][m][r] for r in cfg["rhos"] for m in cfg["measures"]] +
+                       [json.dumps(hparams[n][k]) if k in hparams[n] else "" for k in hkeys])
     with open(stem.with_name(stem.name + "_tau.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["rho", "measure", "tau", "ci_low", "ci_high", "p", "n"])
@@ -575,6 +616,7 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
             _tau_vs_rho(stem.with_name(stem.name + "_rho.png"), cfg, table, len(names))
             result["plot_rho"] = str(stem.with_name(stem.name + "_rho.png"))
     print(f"Kendall τ (sharpness vs generalization gap) over {len(names)} models"
+          f"{f' with {where}' if where else ''}"
           f"{f' ({missing} not evaluated)' if missing else ''}, 95% bootstrap CI ({n_boot} resamples)",
           file=stream)
     print(f"{'rho':>8s}  " + "  ".join(f"{m:>24s}" for m in cfg["measures"]), file=stream)
@@ -742,6 +784,9 @@ def main_population(argv=None) -> int:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--no-plot", action="store_true")
     c.add_argument("--tag", default="", help="which evaluation to correlate (see evaluate --tag)")
+    c.add_argument("--where", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="only models with these hyper-parameters, e.g. label_noise=0 augment=false "
+                        "(outputs correlation-KEY=VALUE.*)")
     args = p.parse_args(argv)
     try:
         if args.action == "train":
@@ -773,7 +818,7 @@ def main_population(argv=None) -> int:
                   f"geosharp population evaluate --out {args.out}")
         else:
             correlate_population(args.out, n_boot=args.bootstrap, seed=args.seed, plot=not args.no_plot,
-                                 tag=args.tag)
+                                 tag=args.tag, where=parse_where(args.where))
     except (FileNotFoundError, ValueError) as exc:
         print(f"geosharp population: error: {exc}", file=sys.stderr)
         return 2
