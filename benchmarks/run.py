@@ -643,10 +643,16 @@ def main(argv=None):
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--json", type=Path, default=None, help="also write the raw results as JSON")
+    ap.add_argument("--no-malloc-tuning", action="store_true",
+                    help="leave glibc's allocator defaults (see geosharp_ref.cpu_allocator)")
     ap.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-batch", type=int, default=4, help=argparse.SUPPRESS)
     ap.add_argument("--child-iters", type=int, default=1, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if not a.no_malloc_tuning:  # as the geosharp CLI does: no page faults for reused temporaries
+        from geosharp_ref.cpu_allocator import keep_freed_memory
+
+        keep_freed_memory()
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if a.memory_child:
         print(json.dumps(memory_child(a.memory_child, a.quick, str(device), a.child_batch, a.child_iters)))
@@ -657,6 +663,7 @@ def main(argv=None):
         torch.set_num_threads(1)  # tiny sizes: threads only add contention on a shared machine
     t0 = time.perf_counter()
     info = machine_info(device)
+    info["malloc"] = "defaults" if a.no_malloc_tuning else "keep_freed_memory (geosharp_ref.cpu_allocator)"
     res = {}
 
     def run(name, fn, *args):

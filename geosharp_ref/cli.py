@@ -161,6 +161,10 @@ def main(argv=None) -> int:
                         "`geosharp population --help` for options")
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] != ["derive"]:  # run-time commands: reuse freed heap memory across iterations
+        from .cpu_allocator import keep_freed_memory
+
+        keep_freed_memory()
     if argv[:1] == ["diagnet"]:  # its own parser (geosharp_ref.diagnet.main_diagnet)
         from .diagnet import main_diagnet
 

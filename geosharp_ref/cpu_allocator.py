@@ -1,0 +1,61 @@
+"""Keep freed heap memory in the process between Auto-PGD iterations (glibc ``mallopt``).
+
+On the CPU every Auto-PGD iteration allocates and frees the same few gigabytes of temporaries (the
+perturbed weights, activations, gradients, the geometry's elementwise passes over all parameters).
+glibc serves large requests with fresh ``mmap`` pages (above ``M_MMAP_THRESHOLD``) and returns freed
+memory at the top of the heap to the kernel (above ``M_TRIM_THRESHOLD``), so the next iteration
+page-faults all of it in again, zero-filled by the kernel. Measured on BERT-base (batch 8, seq 128,
+one thread): 0.2-1.0 million minor page faults and 1-5 s of system time per ~9 s iteration.
+
+:func:`keep_freed_memory` sets
+
+    M_MMAP_THRESHOLD = 32 MiB   (glibc's largest; requests below it come from the reusable heap)
+    M_TRIM_THRESHOLD = 2 GiB    (keep up to 2 GiB of freed memory at the top of the heap)
+    M_TOP_PAD        = 1 GiB    (grow the heap in large steps)
+
+after which the steady-state iteration takes no page faults at all. Peak memory is unchanged (the
+kept memory is what the previous iteration used anyway). The setting is process-wide, so the library
+never applies it on import: the ``geosharp`` command line and ``benchmarks/run.py`` call it at
+start-up, and a user's own script may call it once. It does nothing (and returns False) where the C
+library is not glibc.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+
+__all__ = ["keep_freed_memory", "MMAP_THRESHOLD", "TRIM_THRESHOLD", "TOP_PAD"]
+
+# mallopt parameter numbers from glibc's <malloc.h>
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+MMAP_THRESHOLD = 32 * 1024 * 1024
+TRIM_THRESHOLD = 2**31 - 1  # mallopt takes a C int
+TOP_PAD = 1 << 30
+
+_applied = False
+
+
+def _glibc():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.gnu_get_libc_version  # glibc only (musl has no mallopt tunables of this kind)
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+def keep_freed_memory() -> bool:
+    """Tune glibc's allocator as described in the module docstring; True when applied."""
+    global _applied
+    if _applied:
+        return True
+    libc = _glibc()
+    if libc is None:
+        return False
+    ok = all(libc.mallopt(param, value) == 1 for param, value in (
+        (_M_MMAP_THRESHOLD, MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, TRIM_THRESHOLD), (_M_TOP_PAD, TOP_PAD)))
+    _applied = ok
+    return ok
