@@ -33,8 +33,6 @@ MMAP_THRESHOLD = 32 * 1024 * 1024
 TRIM_THRESHOLD = 2**31 - 1  # mallopt takes a C int
 TOP_PAD = 1 << 30
 
-_applied = False
-
 
 def _glibc():
     if not sys.platform.startswith("linux"):
@@ -48,14 +46,7 @@ def _glibc():
 
 
 def keep_freed_memory() -> bool:
-    """Tune glibc's allocator as described in the module docstring; True when applied."""
-    global _applied
-    if _applied:
-        return True
+    """Tune glibc's allocator as described in the module docstring (idempotent); True when applied."""
     libc = _glibc()
-    if libc is None:
-        return False
-    ok = all(libc.mallopt(param, value) == 1 for param, value in (
+    return libc is not None and all(libc.mallopt(param, value) == 1 for param, value in (
         (_M_MMAP_THRESHOLD, MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, TRIM_THRESHOLD), (_M_TOP_PAD, TOP_PAD)))
-    _applied = ok
-    return ok

@@ -537,15 +537,14 @@ def parse_where(items) -> dict:
     return where
 
 
-def _subset(manifest, where: dict) -> list:
-    """Manifest entries whose hyper-parameters match every ``key: value`` of ``where``."""
-    models = manifest["models"]
-    known = sorted({k for m in models for k in (m.get("hparams") or {})})
+def _subset(names, hparams: dict, where: dict) -> list:
+    """The ``names`` whose hyper-parameters (``hparams[name]``) match every ``key: value`` of ``where``."""
+    known = sorted({k for n in names for k in hparams[n]})
     unknown = sorted(set(where) - set(known))
     if unknown:
         raise ValueError(f"--where names unknown hyper-parameters {unknown}; this population records "
                          f"{known or 'none (an imported population has no hyper-parameters)'}")
-    return [m for m in models if all((m.get("hparams") or {}).get(k) == v for k, v in where.items())]
+    return [n for n in names if all(hparams[n].get(k) == v for k, v in where.items())]
 
 
 def _where_suffix(where: dict) -> str:
@@ -571,16 +570,16 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
     cfg = json.loads((out / files["config"]).read_text())
     recs = read_results(out, tag)
     where = dict(where or {})
-    chosen = _subset(manifest, where) if where else manifest["models"]
+    metrics = {m["name"]: m["metrics"] for m in manifest["models"]}
+    hparams = {m["name"]: m.get("hparams") or {} for m in manifest["models"]}
+    chosen = _subset([m["name"] for m in manifest["models"]], hparams, where)
     stem = out / (files["correlation"] + _where_suffix(where))
-    names = [m["name"] for m in chosen if m["name"] in recs]
+    names = [n for n in chosen if n in recs]
     missing = len(chosen) - len(names)
     if len(names) < 3:
         raise ValueError(f"only {len(names)} evaluated models in {out}"
                          f"{f' matching {where}' if where else ''}; Kendall τ needs at least 3"
                          f"{'' if where else '; run `geosharp population evaluate` first'}")
-    metrics = {m["name"]: m["metrics"] for m in manifest["models"]}
-    hparams = {m["name"]: m.get("hparams") or {} for m in manifest["models"]}
     hkeys = sorted({k for n in names for k in hparams[n]})
     gap = np.array([metrics[n]["gap"] for n in names])
     table = {}
