@@ -13,6 +13,8 @@ function                    computes
 ``horizontal_projection``   ξ − v(Λ)
 ``riemannian_gradient``     𝔾⁻¹(∇f), the metric's gradient from the Euclidean one
 ``geodesic_acceleration``   γ̈(0) = −Γ(ξ, ξ)
+``second_order_geodesic``   E(ξ) = θ + ξ + ½ γ̈(0)
+``second_order_geodesic_vjp``  (∂E/∂ξ)ᵀ ū, the reverse-mode derivative of E
 ``act``                     ψ(A, θ)
 ==========================  =========================================================
 
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import sympy as sp
-from sympy import Inverse, MatAdd, MatMul, MatrixExpr, MatrixSymbol, Transpose
+from sympy import Identity, Inverse, MatAdd, MatMul, MatrixExpr, MatrixSymbol, Transpose
 
 from derivations.matrix_calculus import canonicalize
 from derivations.quotient import QuotientGeometry
@@ -103,39 +105,54 @@ def factor_inverses(expr, small=()):
       acceleration ξ M⁻¹ Gᵀξ + ξ M⁻¹ ξᵀG → ξ M⁻¹ (Gᵀξ + ξᵀG): one n×h·h×h product instead of two.
       A large sum is left distributed: (G S₁ + ξ S₂) M⁻¹ costs three n×h·h×h products,
       G (S₁ M⁻¹) + ξ (S₂ M⁻¹) two (the ``mix`` acceleration).
+    * a bare symbol P among such terms counts as P·I, so B + ξ + ½(B S₁ + ξ S₂) (the second-order
+      geodesic) becomes B (I + ½S₁) + ξ (I + ½S₂): the additions move into h×h matrices and no
+      n×h-sized sum is left but one.
     Solve-inverses are tried first (right, then left), then other factors (left, then right)."""
     if isinstance(expr, sp.Basic) and not isinstance(expr, MatAdd) and expr.args and isinstance(expr, MatrixExpr):
         return expr.func(*[factor_inverses(a, small) if isinstance(a, MatrixExpr) else a for a in expr.args])
     if not isinstance(expr, MatAdd):
         return expr
     for side, need_inverse in ((-1, True), (0, True), (0, False), (-1, False)):
-        groups, rest = {}, []
+        groups, rest = {}, []  # key -> [(bracketed body, the original term)]
         for t in expr.args:
             coeff, mats = t.as_coeff_matrices() if isinstance(t, MatMul) else (1, [t])
-            ok = len(mats) > 1 and (_is_solve(mats[side]) if need_inverse else True)
-            if ok:
-                key = mats[side]
+            if len(mats) > 1 and (_is_solve(mats[side]) if need_inverse else True):
                 body = mats[:-1] if side == -1 else mats[1:]
-                groups.setdefault(key, []).append(coeff * MatMul(*body) if len(body) > 1 else coeff * body[0])
+                groups.setdefault(mats[side], []).append(
+                    (coeff * MatMul(*body) if len(body) > 1 else coeff * body[0], t))
+            elif not need_inverse and len(mats) == 1 and isinstance(mats[0], MatrixSymbol):
+                P = mats[0]  # P = P·I (side 0) = I·P (side −1)
+                groups.setdefault(P, []).append((coeff * Identity(P.shape[1] if side == 0 else P.shape[0]), t))
             else:
                 rest.append(t)
         if not need_inverse:  # only factor when the bracketed sum is small
-            for key in [k for k, v in groups.items() if len(v) < 2 or not _is_small(v[0].shape, small)]:
-                for b in groups.pop(key):
-                    rest.append(MatMul(b, key) if side == -1 else MatMul(key, b))
+            for key in [k for k, v in groups.items() if len(v) < 2 or not _is_small(v[0][0].shape, small)]:
+                rest += [t for _, t in groups.pop(key)]
         if any(len(v) > 1 for v in groups.values()):
             terms = list(rest)
-            for key, bodies in groups.items():
+            for key, members in groups.items():
+                bodies = [b for b, _ in members]
                 inner = factor_inverses(MatAdd(*bodies), small) if len(bodies) > 1 else bodies[0]
                 terms.append(MatMul(inner, key) if side == -1 else MatMul(key, inner))
             return MatAdd(*terms) if len(terms) > 1 else terms[0]
     return expr
 
 
+def _contracting_pairs(mats, small):
+    """Adjacent factor pairs (A, B) of a product chain, both symbols or transposed symbols, whose
+    contracted dimension is large (A B costs a large·small² product, e.g. Gᵀξ_G)."""
+    return [mats[i:i + 2] for i in range(len(mats) - 1)
+            if all(isinstance(m, (MatrixSymbol, Transpose)) and not isinstance(m, Inverse) for m in mats[i:i + 2])
+            and not _is_small([mats[i].shape[1]], small)]
+
+
 def share_products(outputs, small=(), prefix="t"):
     """Common-subexpression elimination for the expensive two-factor products (those contracting a
     large dimension, e.g. Gᵀξ_G, n h² flops), treating a product and its transpose as the same
-    (ξ_GᵀG = (Gᵀξ_G)ᵀ). Returns (assignments [(symbol, expr)], rewritten outputs)."""
+    (ξ_GᵀG = (Gᵀξ_G)ᵀ). Such a pair is found anywhere in a chain, e.g. ū_Hᵀξ_H inside
+    M⁻¹ ū_Hᵀ ξ_H and as ξ_Hᵀū_H inside ξ_Hᵀ ū_H M⁻¹ (computed once). Returns (assignments
+    [(symbol, expr)], rewritten outputs)."""
     counts, exprs = {}, {}
 
     def key_of(e):
@@ -147,9 +164,8 @@ def share_products(outputs, small=(), prefix="t"):
             return
         if isinstance(e, MatMul):
             coeff, mats = e.as_coeff_matrices()
-            if len(mats) == 2 and not _is_small([mats[0].shape[1]], small) and \
-                    all(isinstance(m, (MatrixSymbol, Transpose)) for m in mats):
-                k, canon, _ = key_of(MatMul(*mats))
+            for pair in _contracting_pairs(mats, small):
+                k, canon, _ = key_of(MatMul(*pair))
                 counts[k] = counts.get(k, 0) + 1
                 exprs[k] = canon
         if isinstance(e, sp.Basic):
@@ -174,8 +190,16 @@ def share_products(outputs, small=(), prefix="t"):
             return e
         if isinstance(e, MatMul):
             coeff, mats = e.as_coeff_matrices()
-            if len(mats) == 2 and MatMul(*mats) in subs:
-                r = subs[MatMul(*mats)]
+            out, i, hit = [], 0, False
+            while i < len(mats):
+                if i + 1 < len(mats) and MatMul(*mats[i:i + 2]) in subs:
+                    out.append(subs[MatMul(*mats[i:i + 2])])
+                    i, hit = i + 2, True
+                else:
+                    out.append(mats[i])
+                    i += 1
+            if hit:
+                r = out[0] if len(out) == 1 else MatMul(*out)
                 return r if coeff == 1 else MatMul(coeff, r)
         if isinstance(e, sp.Basic) and e.args and isinstance(e, (MatrixExpr, sp.Expr)) \
                 and not isinstance(e, MatrixSymbol):
@@ -356,6 +380,16 @@ def generate_module(geo: QuotientGeometry, module_name: str, origin: str = "") -
         "geodesic_acceleration", B + xi, list(geo.geodesic_acceleration),
         "γ̈(0) = −Γ(ξ, ξ): " + ", ".join(f"{b}: {_fmt(v)}" for b, v in zip(B, geo.geodesic_acceleration)) + ".",
         tuple_out=True))
+    cot = [em.name(x) for x in geo.cotangent]
+    funcs.append(em.function(
+        "second_order_geodesic", B + xi, list(geo.second_order_geodesic),
+        "Second-order geodesic E(ξ) = θ + ξ + ½ γ̈(0) (≈ γ_ξ(1), paper Eq. 4): " + ", ".join(
+            f"{b}: {_fmt(v)}" for b, v in zip(B, geo.second_order_geodesic)) + ".", tuple_out=True))
+    funcs.append(em.function(
+        "second_order_geodesic_vjp", B + xi + cot, list(geo.second_order_geodesic_vjp),
+        "Vector-Jacobian product (∂E/∂ξ)ᵀ ū of second_order_geodesic for a cotangent ū = ("
+        + ", ".join(cot) + "): " + ", ".join(
+            f"{x}: {_fmt(v)}" for x, v in zip(xi, geo.second_order_geodesic_vjp)) + ".", tuple_out=True))
     funcs.append(em.function(
         "act", B + [A], list(sym.action), "Group action ψ(A, θ): " + ", ".join(
             f"{b}: {_fmt(v)}" for b, v in zip(B, sym.action)) + ".", tuple_out=True, eps=False))

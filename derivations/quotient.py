@@ -14,7 +14,10 @@ Given a :class:`~derivations.symmetry.Symmetry` and an invariant :class:`~deriva
    metric operator 𝔾 (inverted in closed form per block);
 5. the geodesic acceleration  γ̈(0) = −Γ(ξ, ξ) from the Koszul formula for constant fields,
        g(γ̈, η) = ½ D_η g(ξ, ξ) − D_ξ g(ξ, η)   for all η,
-   i.e. γ̈ = 𝔾⁻¹(R) with R_B = ½ ∂_B g(ξ, ξ) − ∂_{η_B} D_ξ g(ξ, η).
+   i.e. γ̈ = 𝔾⁻¹(R) with R_B = ½ ∂_B g(ξ, ξ) − ∂_{η_B} D_ξ g(ξ, η);
+6. the second-order geodesic  E(ξ) = θ + ξ + ½ γ̈(0)  (paper Eq. 4) and its vector-Jacobian
+   product  ξ̄ = (∂E/∂ξ)ᵀ ū, the Riesz representer of δ ↦ Σ_B ⟨ū_B, D_ξ E_B[δ]⟩_F (reverse-mode
+   derivative for a cotangent ū; what autograd needs to differentiate a loss through E).
 
 No metric is special-cased: the same steps run for ``inv``, ``mix`` and any user metric whose
 operator 𝔾 is block-diagonal and one-sided per block (a clear error says otherwise).
@@ -38,7 +41,7 @@ from .matrix_calculus import (
 )
 from .metric import InvarianceResult, Metric, check_metric, require_invariant
 
-__all__ = ["QuotientGeometry", "LinearSolve", "derive_geometry"]
+__all__ = ["QuotientGeometry", "LinearSolve", "derive_geometry", "derive_second_order_geodesic"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,9 @@ class QuotientGeometry:
     projected: tuple
     riemannian_gradient: tuple
     geodesic_acceleration: tuple
+    second_order_geodesic: tuple = ()
+    cotangent: tuple = ()
+    second_order_geodesic_vjp: tuple = ()
     timings: dict = field(default_factory=dict)
 
     def summary(self) -> str:
@@ -97,6 +103,7 @@ class QuotientGeometry:
                if self.projection.kind == "sylvester" else ""),
             "riem. grad: " + ", ".join(f"{b}: {v}" for b, v in zip(s.blocks, self.riemannian_gradient)),
             "γ̈(0)      : " + ", ".join(f"{b}: {v}" for b, v in zip(s.blocks, self.geodesic_acceleration)),
+            "VJP of E  : " + ", ".join(f"{x}: {v}" for x, v in zip(self.xi, self.second_order_geodesic_vjp)),
         ]
         return "\n".join(lines)
 
@@ -240,6 +247,23 @@ def _shaped(expr, like):
     return expr
 
 
+def derive_second_order_geodesic(sym, xi, accel):
+    """(E, ū, ξ̄): the second-order geodesic E_B = B + ξ_B + ½ γ̈_B, cotangent symbols ū_B
+    (``cot_B``) and the vector-Jacobian product ξ̄_B = ∂/∂ξ_B Σ_C ⟨ū_C, E_C(ξ)⟩_F.
+
+    ⟨ū, E⟩ is tr(ūᵀ E) for matrix blocks and ū E for scalar ones; its derivative along δ is linear
+    in δ, and :func:`trace_gradients` reads off the representer per block."""
+    blocks = sym.blocks
+    exp2 = tuple(canonicalize(b + x + a / 2) for b, x, a in zip(blocks, xi, accel))
+    cot = sym.tangent("cot")
+    delta = sym.tangent("delta")
+    pairing = sp.Add(*[sp.Trace(sp.Transpose(u) * e) if isinstance(u, MatrixExpr) else u * e
+                       for u, e in zip(cot, exp2)])
+    d = directional_derivative(pairing, dict(zip(xi, delta)))
+    vjp = tuple(_shaped(g, x) for g, x in zip(trace_gradients(d, list(delta)), xi))
+    return exp2, cot, vjp
+
+
 def derive_geometry(metric: Metric, check: bool = True) -> QuotientGeometry:
     """Derive the quotient geometry of ``metric.symmetry`` under ``metric``.
 
@@ -291,6 +315,11 @@ def derive_geometry(metric: Metric, check: bool = True) -> QuotientGeometry:
     accel = tuple(_apply(inv, r) for inv, r in zip(inverses, R))
     timings["acceleration"] = time.perf_counter() - t0
 
+    # (6) second-order geodesic and its vector-Jacobian product
+    t0 = time.perf_counter()
+    exp2, cot, vjp = derive_second_order_geodesic(sym, xi, accel)
+    timings["vjp"] = time.perf_counter() - t0
+
     return QuotientGeometry(
         symmetry=sym,
         metric=metric,
@@ -305,5 +334,8 @@ def derive_geometry(metric: Metric, check: bool = True) -> QuotientGeometry:
         projected=projected,
         riemannian_gradient=rgrad,
         geodesic_acceleration=accel,
+        second_order_geodesic=exp2,
+        cotangent=cot,
+        second_order_geodesic_vjp=vjp,
         timings=timings,
     )

@@ -9,7 +9,10 @@ Each check compares a generated kernel with an independent computation:
 * ``gradient``: g(grad f, η) = ⟨∇f, η⟩_F for random η (definition of the Riemannian gradient);
 * ``invariance``: g_{ψ(A,θ)}(dψ ξ, dψ η) = g_θ(ξ, η) and γ̈ is equivariant, for random A;
 * ``geodesic_order``: ‖γ(t) − (θ + tξ + ½t²γ̈(0))‖ against a scipy-integrated geodesic decays as t³
-  (slope of log error vs log t).
+  (slope of log error vs log t);
+* ``second_order_vjp``: the generated E(ξ) = θ + ξ + ½γ̈(0) and its generated vector-Jacobian
+  product against θ + ξ + ½γ̈ built from the acceleration kernel and differentiated by
+  ``torch.func.vjp``.
 
 All use random well-conditioned inputs; no SymPy is imported.
 """
@@ -194,6 +197,25 @@ def geodesic_order(mod, seed=0, ts=(0.08, 0.04, 0.02, 0.01)):
     return slope, errs
 
 
+def second_order_vjp_error(mod, seed=0, batch=(2,), dtype=torch.float64):
+    """Max relative error of the generated ``second_order_geodesic`` (value) and
+    ``second_order_geodesic_vjp`` (for a random cotangent) against autograd through θ + ξ + ½γ̈."""
+    mod = load_kernels(mod)
+    point = sample_point(mod, batch=batch, seed=seed, dtype=dtype)
+    xi = sample_tangent(mod, point, seed=seed + 1)
+    cot = sample_tangent(mod, point, seed=seed + 2)
+    kw = _eps_kw(mod)
+
+    def reference(*v):
+        acc = mod.geodesic_acceleration(*point, *v, **kw)
+        return tuple(p + x + 0.5 * a for p, x, a in zip(point, v, acc))
+
+    value, pullback = torch.func.vjp(reference, *xi)
+    got_value = mod.second_order_geodesic(*point, *xi, **kw)
+    got_vjp = mod.second_order_geodesic_vjp(*point, *xi, *cot, **kw)
+    return max(_rel(got_value, value), _rel(got_vjp, pullback(tuple(cot))))
+
+
 def run_checks(name, seed=0) -> dict:
     mod = load_kernels(name)
     horiz, idem, orth = projection_errors(mod, seed=seed)
@@ -209,6 +231,7 @@ def run_checks(name, seed=0) -> dict:
         "gradient": gradient_error(mod, seed=seed),
         "metric_invariance": ginv,
         "accel_equivariance": ainv,
+        "second_order_vjp": second_order_vjp_error(mod, seed=seed),
         "geodesic_slope": slope,
         "geodesic_err_min_t": errs[-1],
     }
@@ -217,7 +240,7 @@ def run_checks(name, seed=0) -> dict:
 def verification_table(names=BUILTIN_MODULES, tol=1e-9) -> tuple[bool, str]:
     """Run all checks on the modules; (all passed, printable table)."""
     cols = ["accel_vs_koszul", "horizontal", "idempotent", "orthogonal", "gradient",
-            "metric_invariance", "accel_equivariance"]
+            "metric_invariance", "accel_equivariance", "second_order_vjp"]
     head = f"{'module':<12s} {'proj':<10s} " + " ".join(f"{c[:12]:>12s}" for c in cols) + f" {'t^k slope':>9s}"
     lines = [head, "-" * len(head)]
     ok = True

@@ -60,6 +60,16 @@ def geodesic_acceleration(u, v, xi_u, xi_v):
     return torch.pow(xi_u, 2)/u, torch.pow(xi_v, 2)/v
 
 
+def second_order_geodesic(u, v, xi_u, xi_v):
+    """Second-order geodesic E(ξ) = θ + ξ + ½ γ̈(0) (≈ γ_ξ(1), paper Eq. 4): u: u + xi_u + xi_u**2/(2*u), v: v + xi_v + xi_v**2/(2*v)."""
+    return u + xi_u + (1/2)*torch.pow(xi_u, 2)/u, v + xi_v + (1/2)*torch.pow(xi_v, 2)/v
+
+
+def second_order_geodesic_vjp(u, v, xi_u, xi_v, cot_u, cot_v):
+    """Vector-Jacobian product (∂E/∂ξ)ᵀ ū of second_order_geodesic for a cotangent ū = (cot_u, cot_v): xi_u: cot_u + cot_u*xi_u/u, xi_v: cot_v + cot_v*xi_v/v."""
+    return cot_u + cot_u*xi_u/u, cot_v + cot_v*xi_v/v
+
+
 def act(u, v, a):
     """Group action ψ(A, θ): u: a*u, v: v/a."""
     return a*u, v/a

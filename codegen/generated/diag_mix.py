@@ -61,6 +61,19 @@ def geodesic_acceleration(u, v, xi_u, xi_v):
     return -t0/v + u*torch.pow(xi_v, 2)/torch.pow(v, 2), -t0/u + v*torch.pow(xi_u, 2)/torch.pow(u, 2)
 
 
+def second_order_geodesic(u, v, xi_u, xi_v):
+    """Second-order geodesic E(ξ) = θ + ξ + ½ γ̈(0) (≈ γ_ξ(1), paper Eq. 4): u: u + u*xi_v**2/(2*v**2) + xi_u - xi_u*xi_v/v, v: v + xi_v - xi_u*xi_v/u + v*xi_u**2/(2*u**2)."""
+    t0 = xi_u*xi_v
+    return -t0/v + u + (1/2)*u*torch.pow(xi_v, 2)/torch.pow(v, 2) + xi_u, -t0/u + v + xi_v + (1/2)*v*torch.pow(xi_u, 2)/torch.pow(u, 2)
+
+
+def second_order_geodesic_vjp(u, v, xi_u, xi_v, cot_u, cot_v):
+    """Vector-Jacobian product (∂E/∂ξ)ᵀ ū of second_order_geodesic for a cotangent ū = (cot_u, cot_v): xi_u: cot_u - cot_u*xi_v/v - cot_v*xi_v/u + cot_v*v*xi_u/u**2, xi_v: cot_u*u*xi_v/v**2 - cot_u*xi_u/v + cot_v - cot_v*xi_u/u."""
+    t0 = cot_u/v
+    t1 = cot_v/u
+    return cot_u + cot_v*v*xi_u/torch.pow(u, 2) - t0*xi_v - t1*xi_v, cot_u*u*xi_v/torch.pow(v, 2) + cot_v - t0*xi_u - t1*xi_u
+
+
 def act(u, v, a):
     """Group action ψ(A, θ): u: a*u, v: v/a."""
     return a*u, v/a

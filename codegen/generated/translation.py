@@ -68,6 +68,16 @@ def geodesic_acceleration(w, xi_w, eps=0.0, cache=None):
     return (w.new_zeros(w.shape[:-2] + (w.shape[-2], 1)),)
 
 
+def second_order_geodesic(w, xi_w, eps=0.0, cache=None):
+    """Second-order geodesic E(ξ) = θ + ξ + ½ γ̈(0) (≈ γ_ξ(1), paper Eq. 4): w: w + xi_w."""
+    return (w + xi_w,)
+
+
+def second_order_geodesic_vjp(w, xi_w, cot_w, eps=0.0, cache=None):
+    """Vector-Jacobian product (∂E/∂ξ)ᵀ ū of second_order_geodesic for a cotangent ū = (cot_w): xi_w: cot_w."""
+    return (cot_w,)
+
+
 def act(w, a):
     """Group action ψ(A, θ): w: a*1 + w."""
     return ((a)[..., None, None] * (w.new_ones((w.shape[-2], 1))) + w,)

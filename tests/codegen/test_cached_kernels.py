@@ -141,3 +141,18 @@ def test_generated_gl_kernels_share_products_and_use_no_per_call_solves():
         body = text[text.index("def geodesic_acceleration"):text.index("def act")]
         assert "t0 + t0.mT" in body or "-(t0) - (t0.mT)" in body  # Gᵀξ computed once per block
         assert "cholesky_solve" not in text
+
+
+def test_factoring_folds_a_bare_block_into_an_identity():
+    """B + ξ + ½(B S₁ + ξ S₂) → B (I + ½S₁) + ξ (I + ½S₂) when the brackets are h×h; a bare block
+    stays a sum when the bracket would be large (n×n)."""
+    from codegen.generate import factor_inverses
+    n, h = sp.symbols("n h")
+    G, xi = sp.MatrixSymbol("G", n, h), sp.MatrixSymbol("xi", n, h)
+    S1, S2 = sp.MatrixSymbol("S1", h, h), sp.MatrixSymbol("S2", h, h)
+    folded = factor_inverses(G + xi + G * S1 / 2 + xi * S2 / 2, small={h})
+    I = sp.Identity(h)
+    assert folded == sp.MatAdd(sp.MatMul(G, I + S1 / 2), sp.MatMul(xi, I + S2 / 2))
+    P = sp.MatrixSymbol("P", n, n)
+    left = factor_inverses(G + P * G, small={h})  # (I + P) G would be an n×n bracket
+    assert left == G + P * G

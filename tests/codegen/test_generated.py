@@ -17,6 +17,7 @@ from geosharp_ref.verify_kernels import (
     gradient_error,
     invariance_errors,
     projection_errors,
+    second_order_vjp_error,
     sample_point,
     sample_tangent,
 )
@@ -179,3 +180,63 @@ def test_second_order_geodesic_error_is_cubic(name):
 def test_translation_geodesics_are_straight_lines():
     slope, errs = geodesic_order("translation", seed=2)
     assert max(errs) < 1e-12
+
+
+# -- second-order geodesic and its generated VJP ---------------------------------------------------
+
+@pytest.mark.parametrize("name", MODULES)
+@given(seed=st.integers(0, 10_000))
+def test_second_order_geodesic_and_vjp_equal_autograd(name, seed):
+    """Generated E(ξ) = θ + ξ + ½γ̈ and its generated VJP vs torch.func.vjp of θ + ξ + ½γ̈ built
+    from the acceleration kernel (float64, random cotangent)."""
+    assert second_order_vjp_error(name, seed=seed) < 1e-12
+
+
+@pytest.mark.parametrize("name", GL)
+@given(seed=st.integers(0, 10_000), eps=st.sampled_from([0.0, 1e-3]),
+       batch=st.lists(st.integers(1, 3), min_size=0, max_size=2))
+def test_second_order_vjp_cached_equals_uncached(name, seed, eps, batch):
+    mod = importlib.import_module(f"codegen.generated.{name}")
+    point = sample_point(mod, batch=tuple(batch), seed=seed)
+    xi = sample_tangent(mod, point, seed=seed + 1)
+    cot = sample_tangent(mod, point, seed=seed + 2)
+    cache = mod.prepare(*point, eps=eps)
+    for fn, args in ((mod.second_order_geodesic, (*point, *xi)), (mod.second_order_geodesic_vjp, (*point, *xi, *cot))):
+        for a, b in zip(fn(*args, eps=eps), fn(*args, eps=eps, cache=cache)):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+class _CountProducts(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts matrix products by the size of what they contract or produce (n·h² ones are 'large')."""
+
+    def __init__(self, large):
+        super().__init__()
+        self.large, self.counts = large, {"large": 0, "small": 0, "big_elementwise": 0}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in (torch.ops.aten.bmm.default, torch.ops.aten.mm.default):
+            a, b = args[0], args[1]
+            big = max(a.shape[-2], a.shape[-1], b.shape[-1]) >= self.large
+            self.counts["large" if big else "small"] += 1
+        elif func in (torch.ops.aten.add.Tensor, torch.ops.aten.sub.Tensor, torch.ops.aten.mul.Tensor) \
+                and torch.is_tensor(out) and out.shape[-2:].numel() >= self.large:
+            self.counts["big_elementwise"] += 1
+        return out
+
+
+@pytest.mark.parametrize("name", GL)
+def test_second_order_geodesic_cost(name):
+    """The cost rules hold for E and its VJP: with a cache, E takes 8 products of size n·h²
+    (per block: two Gram-type reductions, B·(I + …) and ξ·(I + …)) and one n×h addition per
+    block; the VJP takes 12 (six reductions shared across terms, two big products per block more)."""
+    mod = importlib.import_module(f"codegen.generated.{name}")
+    point = sample_point(mod, batch=(2,), sizes={"n": 40, "m": 30, "h": 3}, seed=0)
+    xi, cot = sample_tangent(mod, point, seed=1), sample_tangent(mod, point, seed=2)
+    cache = mod.prepare(*point)
+    with _CountProducts(large=30) as fwd:
+        mod.second_order_geodesic(*point, *xi, cache=cache)
+    with _CountProducts(large=30) as bwd:
+        mod.second_order_geodesic_vjp(*point, *xi, *cot, cache=cache)
+    assert fwd.counts["large"] == 8 and fwd.counts["big_elementwise"] == 2, fwd.counts
+    assert bwd.counts["large"] == 12 and bwd.counts["big_elementwise"] == 4, bwd.counts

@@ -218,3 +218,37 @@ def test_diagonal_net_closed_forms():
 def test_custom_metrics_choose_solver_from_structure():
     assert geometry("hybrid").projection.kind == "explicit"
     assert geometry("weighted").projection.kind == "kronecker"
+
+
+@pytest.mark.parametrize("key", ALL, ids=str)
+def test_second_order_geodesic_and_its_vjp_are_exact(key):
+    """E(ξ) = θ + ξ + ½γ̈(0) and Σ⟨ξ̄_B, δ_B⟩ = Σ⟨ū_B, DE_B(ξ)[δ]⟩ for arbitrary ξ, δ, ū (exact).
+
+    E is quadratic in ξ, so the central difference (E(ξ+δ) − E(ξ−δ))/2 is its exact derivative
+    along δ: the check uses neither the engine's differentiation nor its transposition rules."""
+    geo = geometry(key)
+    sym = geo.symmetry
+    sizes = SIZES[0]
+    delta = sym.tangent("delta")
+    rng = random.Random(5)
+    syms = list(sym.blocks) + list(geo.xi) + list(geo.cotangent) + list(delta)
+    vals = random_point(syms, {d: sizes.get(d.name, 3) for d in _dims(sym)}, rng,
+                        positive=set(sym.blocks) if sym.positive_blocks else set())
+    E = [_ev(e, vals, sizes, sym) for e in geo.second_order_geodesic]
+    acc = [_ev(a, vals, sizes, sym) for a in geo.geodesic_acceleration]
+    for e, b, x, a in zip(E, sym.blocks, geo.xi, acc):
+        assert _is_zero(e - (vals[b] + vals[x] + a / 2))
+
+    def E_at(sign):
+        moved = {x: vals[x] + sign * vals[d] for x, d in zip(geo.xi, delta)}
+        return [_ev(e, {**vals, **moved}, sizes, sym) for e in geo.second_order_geodesic]
+
+    directional = [(p - q) / 2 for p, q in zip(E_at(1), E_at(-1))]
+    vjp = [_ev(v, vals, sizes, sym) for v in geo.second_order_geodesic_vjp]
+
+    def pair(a, b):
+        return (a.T * b).trace() if isinstance(a, sp.MatrixBase) else a * b
+
+    lhs = sum(pair(v, vals[d]) for v, d in zip(vjp, delta))
+    rhs = sum(pair(vals[u], dE) for u, dE in zip(geo.cotangent, directional))
+    assert sp.simplify(lhs - rhs) == 0
