@@ -11,7 +11,12 @@ Maximises f(ξ) over {ξ horizontal, ‖ξ‖_g ≤ ρ}. The space object suppli
   already. The iterates below are linear combinations of horizontal vectors (the start point and
   the ascent directions are projected), so the two per-iteration projections reduce to ``clip``
   (the horizontal projection is idempotent: skipping it changes nothing but round-off); spaces
-  without ``clip`` get ``project``.
+  without ``clip`` get ``project``;
+* optionally ``space.gradient_pairing`` — a function ``(ξ, ∇) ↦ ⟨ξ, ∇⟩_F`` (or None) that equals
+  g(ξ, d) for every horizontal ξ, d = ``ascent_direction(∇)``. It holds when d = P 𝔾⁻¹∇ with P the
+  g-orthogonal projection: g(ξ, P𝔾⁻¹∇) = g(ξ, 𝔾⁻¹∇) = ⟨ξ, ∇⟩_F. Then ‖d‖² = ⟨d, ∇⟩_F and
+  ‖x + s d‖² = ‖x‖² + 2s⟨x, ∇⟩_F + s²‖d‖² cost one element-wise pass each instead of a metric
+  norm (for GL(h) pairs 2 n·h² products per pair); only the new iterate's norm is a metric norm.
 
 The iteration (L2 version, step normalised in the metric):
 
@@ -35,7 +40,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["apgd_checkpoints", "apgd", "APGDResult", "value_and_grad"]
+__all__ = ["apgd_checkpoints", "apgd", "APGDResult", "value_and_grad", "radial_clip", "apgd_step"]
 
 
 def value_and_grad(objective):
@@ -71,17 +76,58 @@ def _lin(a, x, b, y):
     return [a * xi + b * yi for xi, yi in zip(x, y)]
 
 
+def radial_clip(xi, sq_norm, rho):
+    """(ξ · min(1, ρ/‖ξ‖), its squared norm) given ‖ξ‖² as a tensor.
+
+    On accelerators the factor stays on the device (no host synchronisation; ρ/0 = inf clamps to 1)
+    and every ξ is rescaled; on the CPU, where reading the norm costs nothing, ξ inside the ball is
+    returned as is (saves a pass over all parameters)."""
+    sq = torch.as_tensor(sq_norm).clamp_min(0)
+    if not xi or sq.device.type == "cpu":
+        n = float(sq) ** 0.5
+        if n <= rho:
+            return xi, sq
+        return [x * (rho / n) for x in xi], torch.full_like(sq, rho * rho)
+    s = (rho / sq.sqrt()).clamp(max=1.0)
+    return [x * s.to(x.dtype) for x in xi], sq * s * s
+
+
+def apgd_step(space, x, x_prev, g, xx, eta, rho, a):
+    """One Auto-PGD update without the gradient evaluation:
+
+        d = ascent_direction(g),  z = P(x + η d/‖d‖),  x_new = P(x + a(z − x) + (1 − a)(x − x_prev))
+
+    with P the radial step into the ball (the iterates stay horizontal, see the module doc).
+    ``xx`` is ‖x‖² when the space has a ``gradient_pairing`` (then ‖d‖ and ‖x + s d‖ come from
+    element-wise pairings, and only ‖x_new‖ is a metric norm), else ignored.
+    Returns (x_new, ‖x_new‖² or None)."""
+    pairing = getattr(space, "gradient_pairing", None)
+    d = space.ascent_direction(x, g)
+    # normalised step η d/‖d‖ (0 when d = 0), kept on the device: no host synchronisation here
+    dd = torch.as_tensor(pairing(d, g) if pairing is not None else space.inner(d, d)).clamp_min(0)
+    dn = dd.sqrt()
+    step = torch.where(dn > 0, eta / dn, torch.zeros_like(dn))
+    if pairing is None:
+        clip = getattr(space, "clip", space.project)
+        z = clip(_lin(1.0, x, step, d), rho)
+        return clip([xi + a * (zi - xi) + (1 - a) * (xi - pi) for xi, zi, pi in zip(x, z, x_prev)], rho), None
+    zz = xx + 2 * step * pairing(x, g) + step * step * dd  # ‖x + step·d‖²
+    z, _ = radial_clip(_lin(1.0, x, step, d), zz, rho)
+    x_new = [xi + a * (zi - xi) + (1 - a) * (xi - pi) for xi, zi, pi in zip(x, z, x_prev)]
+    return radial_clip(x_new, space.inner(x_new, x_new), rho)
+
+
 def apgd(f_and_grad, space, rho: float, n_iter: int = 20, random_start: bool = False,
          generator: torch.Generator | None = None, momentum: float = 0.75,
          rho_osc: float = 0.75) -> APGDResult:
     """Maximise f over the horizontal g-ball of radius ``rho``; ``f_and_grad(xi) -> (float, egrad)``."""
     x = space.random(rho, generator) if random_start else space.zeros()
     x = space.project(x, rho)
-    clip = getattr(space, "clip", space.project)
+    xx = space.inner(x, x) if getattr(space, "gradient_pairing", None) is not None else None  # ‖x‖²
     f, g = f_and_grad(x)
     f0 = f
     values, steps = [f], []
-    x_best, f_best, g_best = x, f, g
+    x_best, f_best, g_best, xx_best = x, f, g, xx
     x_prev = x
     eta = 2.0 * rho
     checkpoints = set(apgd_checkpoints(n_iter))
@@ -90,21 +136,15 @@ def apgd(f_and_grad, space, rho: float, n_iter: int = 20, random_start: bool = F
     f_best_at_last_check = f_best
     increases = 0
     for k in range(n_iter):
-        d = space.ascent_direction(x, g)
-        # normalised step η d/‖d‖ (0 when d = 0), kept on the device: no host synchronisation here
-        dn = torch.as_tensor(space.inner(d, d)).clamp_min(0).sqrt()
-        step = torch.where(dn > 0, eta / dn, torch.zeros_like(dn))
-        z = clip(_lin(1.0, x, step, d), rho)
-        a = 1.0 if k == 0 else momentum
-        x_new = clip([xi + a * (zi - xi) + (1 - a) * (xi - pi) for xi, zi, pi in zip(x, z, x_prev)], rho)
+        x_new, xx_new = apgd_step(space, x, x_prev, g, xx, eta, rho, 1.0 if k == 0 else momentum)
         f_new, g_new = f_and_grad(x_new)
         values.append(f_new)
         steps.append(eta)
         if f_new > f:
             increases += 1
-        x_prev, x, f, g = x, x_new, f_new, g_new
+        x_prev, x, f, g, xx = x, x_new, f_new, g_new, xx_new
         if f_new > f_best:
-            x_best, f_best, g_best = x_new, f_new, g_new
+            x_best, f_best, g_best, xx_best = x_new, f_new, g_new, xx_new
         it = k + 1
         if it in checkpoints and it < n_iter:
             oscillating = increases < rho_osc * (it - last_check)
@@ -112,7 +152,7 @@ def apgd(f_and_grad, space, rho: float, n_iter: int = 20, random_start: bool = F
             halved_at_last_check = oscillating or stalled
             if halved_at_last_check:
                 eta /= 2.0
-                x, f, g = x_best, f_best, g_best
+                x, f, g, xx = x_best, f_best, g_best, xx_best
             f_best_at_last_check = f_best
             last_check = it
             increases = 0

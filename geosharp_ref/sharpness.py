@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from .apgd import apgd, value_and_grad
+from .apgd import apgd, radial_clip, value_and_grad
 from .geometry import AdaptiveGeometry, gl_pair
 from .symmetry_map import symmetry_map as build_symmetry_map
 
@@ -87,6 +87,14 @@ def _check_finite_batch(batch, i):
 # ------------------------------------------------------------------------------------------------
 # The perturbation space
 # ------------------------------------------------------------------------------------------------
+
+def _euclidean_pairing(xi, egrad):
+    """Σ ⟨ξ, ∇⟩_F over a list of tensors (a 0-dim tensor)."""
+    total = 0.0
+    for x, g in zip(xi, egrad):
+        total = total + torch.dot(x.reshape(-1), g.reshape(-1).to(x.dtype))
+    return torch.as_tensor(total)
+
 
 class PerturbationSpace:
     """Tangent space at θ: GL(h) pair components (per group, all heads stacked) + adaptive rest.
@@ -239,10 +247,6 @@ class PerturbationSpace:
     def norm(self, xi):
         return float(self.inner(xi, xi)) ** 0.5
 
-    def _norm_t(self, xi):
-        """‖ξ‖ as a 0-dim tensor (no host synchronisation)."""
-        return torch.as_tensor(self.inner(xi, xi)).clamp_min(0).sqrt()
-
     def project_horizontal(self, xi):
         px, ax = self._split(xi)
         if self.geometry is not None:
@@ -261,17 +265,20 @@ class PerturbationSpace:
 
     def clip(self, xi, rho):
         """Radially into the ball only: ξ · min(1, ρ/‖ξ‖), for ξ already horizontal (e.g. a linear
-        combination of projected vectors, as in the Auto-PGD updates); no horizontal projection.
+        combination of projected vectors, as in the Auto-PGD updates); no horizontal projection
+        (:func:`geosharp_ref.apgd.radial_clip`: no host synchronisation on accelerators)."""
+        return radial_clip(xi, self.inner(xi, xi), rho)[0]
 
-        On accelerators the factor stays on the device (no host synchronisation; ρ/0 = inf clamps
-        to 1) and every ξ is rescaled; on the CPU, where reading the norm costs nothing, ξ inside
-        the ball is returned as is (saves a pass over all parameters)."""
-        n = self._norm_t(xi)
-        if not xi or n.device.type == "cpu":
-            n = float(n)
-            return xi if n <= rho else [x * (rho / n) for x in xi]
-        s = (rho / n).clamp(max=1.0)
-        return [x * s.to(x.dtype) for x in xi]
+    @property
+    def gradient_pairing(self):
+        """``(ξ, ∇) ↦ Σ ⟨ξ, ∇⟩_F``, which equals g(ξ, ascent_direction(∇)) for every ξ in the space
+        (ξ horizontal and zero on immovable coordinates): the ascent direction is P 𝔾⁻¹∇ with P the
+        g-orthogonal horizontal projection, so g(ξ, P𝔾⁻¹∇) = g(ξ, 𝔾⁻¹∇) = ⟨ξ, ∇⟩_F. Auto-PGD uses it
+        for the norms of its steps. None for the Frobenius-norm ablation (``metric_norm=False``),
+        whose ascent direction is not a Riemannian gradient of that norm."""
+        if self.geometry is not None and not self.metric_norm:
+            return None
+        return _euclidean_pairing
 
     def ascent_direction(self, xi, egrad):
         """Horizontal Riemannian gradient 𝔾_θ⁻¹ ∇ at the base point θ."""

@@ -122,6 +122,8 @@ class _Piece:
         moved = [s for a, s in enumerate(self.shape) if a != self.axis] + [self.length]
         X = B.permute(1, 0, 2).reshape(moved).movedim(-1, self.axis).to(P.dtype)
         size = self.shape[self.axis]
+        if self.start == 0 and self.length == size:
+            return X  # the whole axis: no copy into P (X may be a strided view; torch ops accept it)
         parts = [
             P.narrow(self.axis, 0, self.start),
             X,

@@ -116,3 +116,54 @@ def test_cached_base_point_factors_give_the_same_sharpness(metric):
     assert abs(a.mean - b.mean) <= 1e-12 * max(1.0, abs(a.mean))
     assert abs(a.perturbation_norms[0] - b.perturbation_norms[0]) <= 1e-12
     np.testing.assert_allclose(a.trajectories[0], b.trajectories[0], rtol=1e-12, atol=1e-14)
+
+
+def _tiny_space(metric, metric_norm=True, seed=4):
+    torch.manual_seed(seed)
+    model = TinyAttention().double()
+    batch = (torch.randn(4, 5, 8, dtype=torch.float64), torch.randint(0, 3, (4,)))
+    smap = symmetry_map(model)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    return model, batch, PerturbationSpace(params, smap.groups, smap.adaptive_masks, metric=metric,
+                                           metric_norm=metric_norm)
+
+
+@pytest.mark.parametrize("metric", [None, "inv", "mix"])
+def test_gradient_pairing_equals_metric_inner_with_the_ascent_direction(metric):
+    """⟨ξ, ∇⟩_F = g(ξ, ascent_direction(∇)) for horizontal ξ (Auto-PGD's cheap norms rely on it);
+    the Frobenius ablation has no such pairing."""
+    _, _, space = _tiny_space(metric)
+    gen = torch.Generator().manual_seed(0)
+    xi = space.project_horizontal([torch.randn(t.shape, generator=gen, dtype=t.dtype) for t in space.zeros()])
+    egrad = [torch.randn(t.shape, generator=gen, dtype=t.dtype) for t in space.zeros()]
+    d = space.ascent_direction(xi, egrad)
+    lhs = float(space.gradient_pairing(xi, egrad))
+    assert lhs == pytest.approx(float(space.inner(xi, d)), rel=1e-11)
+    assert float(space.gradient_pairing(d, egrad)) == pytest.approx(float(space.inner(d, d)), rel=1e-11)
+    # a vertical ξ breaks the identity, so the test can fail: the pairing is not the metric
+    raw = [torch.randn(t.shape, generator=gen, dtype=t.dtype) for t in space.zeros()]
+    if metric is not None:
+        assert float(space.gradient_pairing(raw, egrad)) != pytest.approx(float(space.inner(raw, d)), rel=1e-3)
+    assert _tiny_space("mix", metric_norm=False)[2].gradient_pairing is None
+
+
+@pytest.mark.parametrize("metric", ["inv", "mix"])
+def test_apgd_with_gradient_pairing_follows_the_metric_norm_run(metric):
+    """Auto-PGD with the pairing-based step norms (default) and with metric norms everywhere (the
+    space without ``gradient_pairing``) visit the same iterates to round-off, random start included."""
+    from geosharp_ref.apgd import apgd, value_and_grad
+
+    model, batch, space = _tiny_space(metric)
+
+    class MetricNormsOnly:
+        def __getattr__(self, name):
+            if name == "gradient_pairing":
+                return None
+            return getattr(space, name)
+
+    f_and_grad = value_and_grad(lambda xi: model_loss(model, space.perturbed_params(xi), batch))
+    runs = [apgd(f_and_grad, s, 0.3, n_iter=12, random_start=True, generator=torch.Generator().manual_seed(2))
+            for s in (space, MetricNormsOnly())]
+    assert runs[0].best_value > runs[0].start_value
+    np.testing.assert_allclose(runs[0].values, runs[1].values, rtol=1e-10, atol=1e-13)
+    assert space.norm(runs[0].best_xi) == pytest.approx(space.norm(runs[1].best_xi), rel=1e-9)
