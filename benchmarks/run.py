@@ -82,6 +82,13 @@ def fmt_ratio(s: dict) -> str:
     return f"{s['median']:.3f} [{s['lo']:.3f}–{s['hi']:.3f}]"
 
 
+def _fmt_flops(f) -> str:
+    if not f:
+        return "—"
+    a, m, i = (f[k] for k in ("adaptive", "geodesic-mix", "geodesic-inv"))
+    return f"{a / 1e9:.4g} / {m / 1e9:.4g} / {i / 1e9:.4g} ({m / a:.3f}, {i / a:.3f})"
+
+
 def fmt_t(ts: list) -> str:
     m = statistics.median(ts)
     return f"{m * 1e3:.1f} ms" if m < 1 else f"{m:.2f} s"
@@ -165,7 +172,8 @@ def _iteration_setup(model, batch, measure, rho=0.05, seed=0):
     if measure != "adaptive":
         smap = symmetry_map(model)
         groups, masks, metric = smap.groups, smap.adaptive_masks, measure.split("-")[1]
-    space = PerturbationSpace(params, groups, masks, metric=metric)
+    space = PerturbationSpace(params, groups, masks, metric=metric,
+                              gradient="perturbed" if measure.endswith("-perturbed") else "exact")
 
     f_and_grad = value_and_grad(lambda xi: model_loss(model, space.perturbed_params(xi), batch, default_loss))
 
@@ -179,8 +187,7 @@ def _one_iteration(state, split):
     the geometry (:func:`geosharp_ref.apgd.apgd_step`: ascent direction, step norms, two radial
     clips) and the forward + backward through the perturbed model."""
     from geosharp_ref.apgd import apgd_step
-    space, f_and_grad, x, rho, g = state
-    xx = space.inner(x, x)  # known to Auto-PGD from the previous step: not timed
+    space, f_and_grad, x, rho, g, xx = state  # ‖x‖² is known to Auto-PGD from the previous step
     t0 = time.perf_counter()
     x_new, _ = apgd_step(space, x, x, g, xx, 2.0 * rho, rho, 0.75)
     _sync(x_new[0].device)
@@ -190,8 +197,9 @@ def _one_iteration(state, split):
 
 
 def case_iteration(quick: bool, device, reps: int) -> dict:
+    from torch.utils.flop_counter import FlopCounterMode
     out = {}
-    measures = ["adaptive", "geodesic-mix", "geodesic-inv"]
+    measures = ["adaptive", "geodesic-mix", "geodesic-inv", "geodesic-mix-perturbed"]
     for kind in ("bert", "vit"):
         model, batch = make_model(kind, quick, batch=8 if not quick else 2)
         model = model.to(device)
@@ -200,17 +208,24 @@ def case_iteration(quick: bool, device, reps: int) -> dict:
         for m in measures:
             space, fg, x, rho = _iteration_setup(model, batch, m)
             _, g = fg(x)
-            states[m] = (space, fg, x, rho, g)
+            states[m] = (space, fg, x, rho, g, space.inner(x, x))
             splits[m] = []
         fns = {m: (lambda m=m: _one_iteration(states[m], splits[m])) for m in measures}
         times = interleaved(fns, reps, device, warmup=0)
         geo = {m: splits[m][-reps:] for m in measures}
+        flops = {}
+        for m in measures:  # matrix-product work of one iteration: deterministic, unlike the times
+            with FlopCounterMode(display=False) as fc:
+                _one_iteration(states[m], [])
+            flops[m] = fc.get_total_flops()
         out[kind] = dict(
             params=sum(p.numel() for p in model.parameters()),
             times={m: times[m] for m in measures},
             geometry={m: geo[m] for m in measures},
+            flops=flops,
             mix=ratio_stats(times["geodesic-mix"], times["adaptive"]),
             inv=ratio_stats(times["geodesic-inv"], times["adaptive"]),
+            mix_perturbed=ratio_stats(times["geodesic-mix-perturbed"], times["adaptive"]),
         )
         del states, model
     return out
@@ -375,24 +390,50 @@ def hand_mix_grad(G, H, eG, eH):
     return eG @ Hi, eH @ Gi
 
 
+def _second_order_fwd_bwd(acc):
+    """θ + ξ + ½γ̈ from a hand-written acceleration, differentiated by autograd (cotangent ū)."""
+    def run(G, H, xG, xH, cG, cH):
+        xi = (xG.detach().requires_grad_(True), xH.detach().requires_grad_(True))
+        aG, aH = acc(G, H, *xi)
+        E = (G + xi[0] + 0.5 * aG, H + xi[1] + 0.5 * aH)
+        grads = torch.autograd.grad(E, xi, (cG, cH))
+        return tuple(e.detach() for e in E), grads
+    return run
+
+
+def _generated_fwd_bwd(mod):
+    """The generated second_order_geodesic, then its generated VJP (what exp2's backward calls)."""
+    def run(G, H, xG, xH, cG, cH, cache=None):
+        return (mod.second_order_geodesic(G, H, xG, xH, cache=cache),
+                mod.second_order_geodesic_vjp(G, H, xG, xH, cG, cH, cache=cache))
+    return run
+
+
 def case_kernels(quick: bool, device, reps: int) -> dict:
     from codegen.generated import gl_inv, gl_mix
     data = _pair_data(quick, dtype=torch.float32, device=device)
     hand = {("inv", "geodesic_acceleration"): hand_inv_acc, ("mix", "geodesic_acceleration"): hand_mix_acc,
             ("inv", "horizontal_projection"): hand_inv_proj, ("mix", "horizontal_projection"): hand_mix_proj,
-            ("inv", "riemannian_gradient"): hand_inv_grad, ("mix", "riemannian_gradient"): hand_mix_grad}
+            ("inv", "riemannian_gradient"): hand_inv_grad, ("mix", "riemannian_gradient"): hand_mix_grad,
+            ("inv", "second_order_geodesic + VJP"): _second_order_fwd_bwd(hand_inv_acc),
+            ("mix", "second_order_geodesic + VJP"): _second_order_fwd_bwd(hand_mix_acc)}
     mods = dict(inv=gl_inv, mix=gl_mix)
+    cots = [tuple(torch.randn_like(t) for t in d[2:]) for d in data]
     caches = {m: [mod.prepare(d[0], d[1]) for d in data] for m, mod in mods.items()}
     rows = []
     for (metric, fn), hf in hand.items():
-        gf = getattr(mods[metric], fn)
-        a = [gf(*d) for d in data]
-        b = [hf(*d) for d in data]
+        if fn.endswith("VJP"):  # forward + backward: outputs ((E_G, E_H), (ξ̄_G, ξ̄_H))
+            gf, args = _generated_fwd_bwd(mods[metric]), [d + c for d, c in zip(data, cots)]
+            flat = lambda r: [t for part in r for t in part]  # noqa: E731
+        else:
+            gf, args, flat = getattr(mods[metric], fn), data, (lambda r: r)
+        a = [flat(gf(*d)) for d in args]
+        b = [flat(hf(*d)) for d in args]
         err = max(float((x - y).abs().max() / y.abs().max()) for pa, pb in zip(a, b) for x, y in zip(pa, pb))
         cs = caches[metric]
-        times = interleaved(dict(generated=lambda: [gf(*d) for d in data],
-                                 hand=lambda: [hf(*d) for d in data],
-                                 cached=lambda: [gf(*d, cache=c) for d, c in zip(data, cs)]), reps, device)
+        times = interleaved(dict(generated=lambda: [gf(*d) for d in args],
+                                 hand=lambda: [hf(*d) for d in args],
+                                 cached=lambda: [gf(*d, cache=c) for d, c in zip(args, cs)]), reps, device)
         rows.append(dict(metric=metric, kernel=fn, times=times, max_rel_diff=err,
                          ratio=ratio_stats(times["generated"], times["hand"])))
     return dict(rows=rows)
@@ -462,7 +503,7 @@ def memory_child(measure: str, quick: bool, device_name: str, batch: int, n_iter
 
 def case_memory(quick: bool, device, reps: int) -> dict:
     batch, n_iter = (2, 2) if quick else (4, 1)
-    measures = ["adaptive", "geodesic-mix", "geodesic-inv"]
+    measures = ["adaptive", "geodesic-mix", "geodesic-inv", "geodesic-mix-perturbed"]
     runs = {m: [] for m in measures}
     for r in range(reps):
         for m in measures[r % 3:] + measures[:r % 3]:
@@ -534,8 +575,9 @@ def render(info: dict, res: dict, quick: bool, elapsed: float) -> str:
         L.append("## 1. One Auto-PGD iteration (geometry steps + forward/backward), random weights")
         L.append("")
         L.append("| model | params | adaptive | geodesic-mix | geodesic-inv | mix/adaptive (≤ 1.10) | "
-                 "mix, best-of | inv/adaptive (≤ 1.25) | inv, best-of | geometry-step time a / mix / inv |")
-        L.append("|---|---|---|---|---|---|---|---|---|---|")
+                 "mix, best-of | inv/adaptive (≤ 1.25) | inv, best-of | geometry-step time a / mix / inv | "
+                 "matmul GFLOP a / mix / inv (ratios) |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for kind, r in res["iteration"].items():
             name = dict(bert="BERT-base (batch 8, seq 128)", vit="ViT-B/16 (batch 8, 224²)")[kind]
             t, gm = r["times"], r["geometry"]
@@ -545,11 +587,30 @@ def render(info: dict, res: dict, quick: bool, elapsed: float) -> str:
                      f"{r['mix']['best']:.3f} {verdict(r['mix']['best'], 1.10)} | "
                      f"{fmt_ratio(r['inv'])} {verdict(r['inv']['median'], 1.25)} | "
                      f"{r['inv']['best']:.3f} {verdict(r['inv']['best'], 1.25)} | "
-                     f"{fmt_t(gm['adaptive'])} / {fmt_t(gm['geodesic-mix'])} / {fmt_t(gm['geodesic-inv'])} |")
+                     f"{fmt_t(gm['adaptive'])} / {fmt_t(gm['geodesic-mix'])} / {fmt_t(gm['geodesic-inv'])} | "
+                     + _fmt_flops(r.get("flops")) + " |")
+        L.append("")
+        L.append("With the gradient at the perturbed weights (`gradient=\"perturbed\"`, the paper's Algorithm 1: "
+                 "no backward pass through the ½γ̈ correction):")
+        L.append("")
+        L.append("| model | geodesic-mix, perturbed gradient | its mix/adaptive (≤ 1.10) | best-of | matmul GFLOP (ratio) |")
+        L.append("|---|---|---|---|---|")
+        for kind, r in res["iteration"].items():
+            if "mix_perturbed" not in r:
+                continue
+            name = dict(bert="BERT-base (batch 8, seq 128)", vit="ViT-B/16 (batch 8, 224²)")[kind]
+            f = r.get("flops") or {}
+            fl = (f"{f['geodesic-mix-perturbed'] / 1e9:.4g} ({f['geodesic-mix-perturbed'] / f['adaptive']:.3f})"
+                  if f else "—")
+            L.append(f"| {name} | {fmt_t(r['times']['geodesic-mix-perturbed'])} | "
+                     f"{fmt_ratio(r['mix_perturbed'])} {verdict(r['mix_perturbed']['median'], 1.10)} | "
+                     f"{r['mix_perturbed']['best']:.3f} {verdict(r['mix_perturbed']['best'], 1.10)} | {fl} |")
         L.append("")
         L.append("Times: medians over the repetitions. Ratios: median [min–max] of the per-repetition "
                  "ratios; best-of: ratio of the minimum times (other tenants of a shared machine only add "
-                 "time, so this estimates the ratio of the intrinsic costs).")
+                 "time, so this estimates the ratio of the intrinsic costs). Matmul GFLOP: the matrix products of one "
+                 "iteration counted by `torch.utils.flop_counter` (element-wise work not included), with "
+                 "mix/adaptive and inv/adaptive ratios.")
         L.append("")
     if "geometry" in res:
         r = res["geometry"]
@@ -591,7 +652,11 @@ def render(info: dict, res: dict, quick: bool, elapsed: float) -> str:
         L.append("")
         L.append("Both uncached (each call builds its own Gram inverses / Sylvester factors); the hand-written "
                  "versions use explicit h×h inverses applied by matmuls and compute shared products once. "
-                 "Last column: the generated kernel with a prepared base-point cache.")
+                 "Last column: the generated kernel with a prepared base-point cache. Rows "
+                 "`second_order_geodesic + VJP`: forward E = θ + ξ + ½γ̈ and its reverse-mode derivative for a "
+                 "random cotangent; generated: the generated E and its symbolically derived VJP (what "
+                 "`exp2` runs in Auto-PGD); hand-written: the hand-written acceleration, θ + ξ + ½γ̈, and "
+                 "autograd.")
         L.append("")
         L.append("| metric | kernel | generated | hand-written | generated/hand (≤ 1.05) | max rel. diff | "
                  "generated, cached |")

@@ -132,6 +132,10 @@ def main(argv=None) -> int:
                    help="ablation: θ + ξ instead of the second-order geodesic (geodesic only)")
     p.add_argument("--no-metric-norm", action="store_true",
                    help="ablation: Frobenius norm on the GL(h) pairs (geodesic only)")
+    p.add_argument("--gradient", choices=("exact", "perturbed"), default="exact",
+                   help="gradient in ξ: 'exact' differentiates through the ½γ̈ correction (default); "
+                        "'perturbed' takes ∇L at the perturbed weights as in the paper's Algorithm 1 "
+                        "(faster backward, geodesic only)")
     p.add_argument("--json", metavar="OUT", help="write the result (SharpnessResult.to_dict() plus model "
                                                  "and data paths) as JSON; parent directories are created")
     p.set_defaults(func=_evaluate)

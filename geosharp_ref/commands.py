@@ -246,12 +246,13 @@ def evaluate(args) -> int:
             warnings.filterwarnings("ignore", message=_NO_GROUPS)
             result = geodesic_sharpness(model, batches, args.rho, metric=args.metric, eps=args.eps,
                                         geodesic_correction=not args.no_geodesic_correction,
-                                        metric_norm=not args.no_metric_norm, symmetry_map=smap, **common)
+                                        metric_norm=not args.no_metric_norm, gradient=args.gradient,
+                                        symmetry_map=smap, **common)
     cfg = result.config
     opts = f"APGD {cfg['n_iter']} iterations, {cfg['dtype'].replace('torch.', '')}"
     if smap is not None:
         opts += (f", eps {cfg['eps']:g}, geodesic correction {'on' if cfg['geodesic_correction'] else 'off'}, "
-                 f"metric norm {'on' if cfg['metric_norm'] else 'off'}")
+                 f"metric norm {'on' if cfg['metric_norm'] else 'off'}, gradient {cfg['gradient']}")
     print(f"  measure   : {result.measure}")
     print(f"  rho       : {result.rho:g} ({opts})")
     print(f"  mean      : {result.mean:.6g}")
