@@ -29,17 +29,17 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rows", type=int, default=25)
     a = ap.parse_args(argv)
+    from geosharp_ref.apgd import apgd_step
+    from geosharp_ref.cpu_allocator import keep_freed_memory
+    keep_freed_memory()  # as the runner and the CLI do (page faults would otherwise show as op time)
     model, batch = make_model(a.model, a.quick, batch=8 if not a.quick else 2)
     space, fg, x, rho = _iteration_setup(model, batch, a.measure)
     _, g = fg(x)
+    xx = space.inner(x, x)
 
     def step():
         with record_function("geometry"):
-            eta = 2.0 * rho
-            d = space.ascent_direction(x, g)
-            dn = space.inner(d, d).sqrt()
-            z = space.clip([u + (eta / dn) * v for u, v in zip(x, d)], rho)
-            x_new = space.clip([u + 0.75 * (w - u) for u, w in zip(x, z)], rho)
+            x_new, _ = apgd_step(space, x, x, g, xx, 2.0 * rho, rho, 0.75)
         with record_function("forward_backward"):
             fg(x_new)
 
