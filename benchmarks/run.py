@@ -402,10 +402,11 @@ def _second_order_fwd_bwd(acc):
 
 
 def _generated_fwd_bwd(mod):
-    """The generated second_order_geodesic, then its generated VJP (what exp2's backward calls)."""
+    """The generated forward (E and the products its VJP reuses), then the generated VJP with them:
+    what exp2 and its backward run."""
     def run(G, H, xG, xH, cG, cH, cache=None):
-        return (mod.second_order_geodesic(G, H, xG, xH, cache=cache),
-                mod.second_order_geodesic_vjp(G, H, xG, xH, cG, cH, cache=cache))
+        E_G, E_H, saved = mod.second_order_geodesic_fwd(G, H, xG, xH, cache=cache)
+        return (E_G, E_H), mod.second_order_geodesic_vjp(G, H, xG, xH, cG, cH, cache=cache, saved=saved)
     return run
 
 

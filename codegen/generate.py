@@ -275,6 +275,30 @@ class _Emitter:
             lines.append(f"{s} = {p.doprint(v)}")
         return lines, [p.doprint(o) for o in reduced]
 
+    def forward_backward(self, fwd_outputs, bwd_outputs):
+        """Bodies of a forward function and its backward that share products: common-subexpression
+        elimination runs over both output lists, the forward computes the products it uses and
+        returns those the backward also uses (``saved``), and the backward takes them as ``saved=``
+        (or computes them when it is None). Returns (forward lines, forward codes, backward lines,
+        backward codes, names of the saved products)."""
+        fwd, bwd = self.prepared(fwd_outputs), self.prepared(bwd_outputs)
+        assigns, outs = share_products(fwd + bwd, self.small)
+        fwd, bwd = outs[:len(fwd)], outs[len(fwd):]
+        in_fwd = [(t, e) for t, e in assigns if any(o.has(t) for o in fwd)]
+        in_bwd = [(t, e) for t, e in assigns if any(o.has(t) for o in bwd)]
+        saved = [(t, e) for t, e in in_fwd if (t, e) in in_bwd]
+        f_lines, f_spd = self.factor_lines(fwd + [e for _, e in in_fwd])
+        b_lines, b_spd = self.factor_lines(bwd + [e for _, e in in_bwd])
+        pf, pb = self.printer(f_spd), self.printer(b_spd)
+        f_lines += [f"{t.name} = {pf.doprint(e)}" for t, e in in_fwd]
+        names = [t.name for t, _ in saved]
+        if saved:
+            b_lines += ["if saved is None:"]
+            b_lines += [f"    {t.name} = {pb.doprint(e)}" for t, e in saved]
+            b_lines += ["else:", f"    {', '.join(names)}{',' if len(names) == 1 else ''} = saved"]
+        b_lines += [f"{t.name} = {pb.doprint(e)}" for t, e in in_bwd if (t, e) not in saved]
+        return f_lines, [pf.doprint(o) for o in fwd], b_lines, [pb.doprint(o) for o in bwd], names
+
     def function(self, name, args, outputs, doc, tuple_out=None, extra_lines=(), eps=None):
         eps = self.matrix if eps is None else eps
         sig = ", ".join(args + (["eps=0.0", "cache=None"] if eps else []))
@@ -385,11 +409,18 @@ def generate_module(geo: QuotientGeometry, module_name: str, origin: str = "") -
         "second_order_geodesic", B + xi, list(geo.second_order_geodesic),
         "Second-order geodesic E(ξ) = θ + ξ + ½ γ̈(0) (≈ γ_ξ(1), paper Eq. 4): " + ", ".join(
             f"{b}: {_fmt(v)}" for b, v in zip(B, geo.second_order_geodesic)) + ".", tuple_out=True))
-    funcs.append(em.function(
-        "second_order_geodesic_vjp", B + xi + cot, list(geo.second_order_geodesic_vjp),
-        "Vector-Jacobian product (∂E/∂ξ)ᵀ ū of second_order_geodesic for a cotangent ū = ("
-        + ", ".join(cot) + "): " + ", ".join(
-            f"{x}: {_fmt(v)}" for x, v in zip(xi, geo.second_order_geodesic_vjp)) + ".", tuple_out=True))
+    if em.matrix:
+        funcs += _forward_backward_functions(em, B, xi, cot, geo)
+    else:  # element-wise: nothing worth saving between the two
+        funcs.append(em.function(
+            "second_order_geodesic_fwd", B + xi, [],
+            "Second-order geodesic E(ξ) and the (empty) tuple of products its VJP reuses.",
+            extra_lines=[f"return (*second_order_geodesic({', '.join(B + xi)}), ())"]))
+        funcs.append(em.function(
+            "second_order_geodesic_vjp", B + xi + cot + ["saved=None"], list(geo.second_order_geodesic_vjp),
+            "Vector-Jacobian product (∂E/∂ξ)ᵀ ū of second_order_geodesic for a cotangent ū = ("
+            + ", ".join(cot) + "); ``saved`` is unused (element-wise): " + ", ".join(
+                f"{x}: {_fmt(v)}" for x, v in zip(xi, geo.second_order_geodesic_vjp)) + ".", tuple_out=True))
     funcs.append(em.function(
         "act", B + [A], list(sym.action), "Group action ψ(A, θ): " + ", ".join(
             f"{b}: {_fmt(v)}" for b, v in zip(B, sym.action)) + ".", tuple_out=True, eps=False))
@@ -425,6 +456,28 @@ def generate_module(geo: QuotientGeometry, module_name: str, origin: str = "") -
     source = doc + "\n\n" + "\n\n".join(funcs)
     compile(source, module_name, "exec")  # syntax check before anything is written
     return GeneratedModule(module_name, source)
+
+
+def _forward_backward_functions(em: _Emitter, B, xi, cot, geo) -> list[str]:
+    """``second_order_geodesic_fwd`` (E and the n·h² products its VJP reuses) and
+    ``second_order_geodesic_vjp(..., saved=None)``, from one shared product elimination."""
+    f_lines, f_codes, b_lines, b_codes, saved = em.forward_backward(
+        list(geo.second_order_geodesic), list(geo.second_order_geodesic_vjp))
+    sig = ", ".join(B + xi + ["eps=0.0", "cache=None"])
+    saved_tuple = "(" + ", ".join(saved) + ("," if len(saved) == 1 else "") + ")"
+    fwd_doc = ("Second-order geodesic E(ξ) (as second_order_geodesic) and the products its VJP reuses: "
+               f"returns (" + ", ".join(f"E_{b}" for b in B) + f", saved) with saved = {saved_tuple}, "
+               "to pass to second_order_geodesic_vjp(..., saved=saved).")
+    fwd = ("def second_order_geodesic_fwd(" + sig + "):\n" + textwrap.indent(f'"""{fwd_doc}"""\n', "    ")
+           + textwrap.indent("\n".join(f_lines + [f"return {', '.join(f_codes)}, {saved_tuple}"]), "    ") + "\n")
+    bsig = ", ".join(B + xi + cot + ["eps=0.0", "cache=None", "saved=None"])
+    bwd_doc = ("Vector-Jacobian product (∂E/∂ξ)ᵀ ū of second_order_geodesic for a cotangent ū = ("
+               + ", ".join(cot) + "); ``saved`` from second_order_geodesic_fwd skips the products it holds: "
+               + ", ".join(f"{x}: {_fmt(v)}" for x, v in zip(xi, geo.second_order_geodesic_vjp)) + ".")
+    bwd = ("def second_order_geodesic_vjp(" + bsig + "):\n" + textwrap.indent(f'"""{bwd_doc}"""\n', "    ")
+           + textwrap.indent("\n".join(b_lines + [f"return {', '.join(b_codes)}" + ("," if len(b_codes) == 1 else "")]),
+                             "    ") + "\n")
+    return [fwd, bwd]
 
 
 def _prepare_function(em: _Emitter, proj) -> str:

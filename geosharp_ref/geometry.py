@@ -93,14 +93,16 @@ class GLPairGeometry:
         """Second-order geodesic γ(1) ≈ E(ξ) = θ + ξ + ½ γ̈(0) (generated ``second_order_geodesic``).
 
         Differentiable in ξ through the generated vector-Jacobian product
-        ``second_order_geodesic_vjp`` (derived symbolically, 12 n·h² products against autograd's
-        12 plus the element-wise passes of θ + ξ + ½γ̈); when G or H itself requires a gradient,
+        ``second_order_geodesic_vjp`` (derived symbolically; 10 n·h² products with the forward's
+        Gᵀξ_G, Hᵀξ_H reused, against autograd's 12 plus the element-wise passes of θ + ξ + ½γ̈);
+        when G or H itself requires a gradient,
         autograd differentiates the generated formula instead."""
         self._check(G, H, (xi[0], G, "xi_G"), (xi[1], H, "xi_H"))
         cache = self._cache(G, H, cache)
         if G.requires_grad or H.requires_grad or not (xi[0].requires_grad or xi[1].requires_grad):
             return self.kernels.second_order_geodesic(G, H, *xi, eps=self.eps, cache=cache)
-        return _SecondOrderGeodesic.apply(self.kernels, self.eps, cache, G, H, xi[0], xi[1])
+        out = _SecondOrderGeodesic.apply(self.kernels, self.eps, cache, G, H, xi[0], xi[1])
+        return out[0], out[1]
 
     def act(self, G, H, A):
         return self.kernels.act(G, H, A)
@@ -109,26 +111,32 @@ class GLPairGeometry:
 class _SecondOrderGeodesic(torch.autograd.Function):
     """E(ξ) with the generated VJP as its backward (ξ differentiable; G, H constants).
 
-    The backward is built from torch operations, so higher derivatives (``create_graph=True``) are
-    autograd's derivatives of the VJP formula."""
+    Outputs (E_G, E_H, *saved): ``second_order_geodesic_fwd`` also returns the n·h² products its
+    VJP reuses (Gᵀξ_G, Hᵀξ_H), kept for the backward (non-differentiable outputs). The backward is
+    built from torch operations, so higher derivatives (``create_graph=True``, which recomputes the
+    saved products) are autograd's derivatives of the VJP formula."""
 
     @staticmethod
     def forward(kernels, eps, cache, G, H, xi_G, xi_H):
-        return kernels.second_order_geodesic(G, H, xi_G, xi_H, eps=eps, cache=cache)
+        E_G, E_H, saved = kernels.second_order_geodesic_fwd(G, H, xi_G, xi_H, eps=eps, cache=cache)
+        return (E_G, E_H, *saved)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         kernels, eps, cache, G, H, xi_G, xi_H = inputs
         ctx.kernels, ctx.eps, ctx.cache = kernels, eps, cache
-        ctx.save_for_backward(G, H, xi_G, xi_H)
+        ctx.mark_non_differentiable(*output[2:])
+        ctx.save_for_backward(G, H, xi_G, xi_H, *output[2:])
 
     @staticmethod
-    def backward(ctx, cot_G, cot_H):
-        G, H, xi_G, xi_H = ctx.saved_tensors
+    def backward(ctx, cot_G, cot_H, *_):
+        G, H, xi_G, xi_H, *saved = ctx.saved_tensors
         cot_G = torch.zeros_like(G) if cot_G is None else cot_G
         cot_H = torch.zeros_like(H) if cot_H is None else cot_H
+        # under create_graph the saved products are recomputed, so their dependence on ξ is tracked
+        saved = None if torch.is_grad_enabled() else tuple(saved)
         gG, gH = ctx.kernels.second_order_geodesic_vjp(G, H, xi_G, xi_H, cot_G, cot_H, eps=ctx.eps,
-                                                       cache=ctx.cache)
+                                                       cache=ctx.cache, saved=saved)
         return None, None, None, None, None, gG, gH
 
 

@@ -16,7 +16,7 @@ map (to first order this is Algorithm 1's gradient at the perturbed weights, con
 Gradient: ``gradient="exact"`` (default) differentiates F(ξ) = L(θ + ξ + ½γ̈(ξ)) in ξ (the generated
 VJP of the correction); ``gradient="perturbed"`` uses ∇L at the perturbed weights as the gradient in ξ,
 as the paper's Algorithm 1 does (drops the ξ-derivative of ½γ̈: the same ascent direction to first
-order in ξ, and no backward pass through the correction: 12 fewer n·h² products per pair).
+order in ξ, and no backward pass through the correction: 10 fewer n·h² products per pair).
 
 Ablations (paper App. G): ``geodesic_correction=False`` uses γ_ξ(1) = θ + ξ; ``metric_norm=False``
 measures and steps the pair components in the Frobenius norm (still projected horizontally).

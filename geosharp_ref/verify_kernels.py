@@ -10,9 +10,9 @@ Each check compares a generated kernel with an independent computation:
 * ``invariance``: g_{ψ(A,θ)}(dψ ξ, dψ η) = g_θ(ξ, η) and γ̈ is equivariant, for random A;
 * ``geodesic_order``: ‖γ(t) − (θ + tξ + ½t²γ̈(0))‖ against a scipy-integrated geodesic decays as t³
   (slope of log error vs log t);
-* ``second_order_vjp``: the generated E(ξ) = θ + ξ + ½γ̈(0) and its generated vector-Jacobian
-  product against θ + ξ + ½γ̈ built from the acceleration kernel and differentiated by
-  ``torch.func.vjp``.
+* ``second_order_vjp``: the generated E(ξ) = θ + ξ + ½γ̈(0) (also from ``second_order_geodesic_fwd``)
+  and its generated vector-Jacobian product (with and without the forward's saved products) against
+  θ + ξ + ½γ̈ built from the acceleration kernel and differentiated by ``torch.func.vjp``.
 
 All use random well-conditioned inputs; no SymPy is imported.
 """
@@ -212,8 +212,12 @@ def second_order_vjp_error(mod, seed=0, batch=(2,), dtype=torch.float64):
 
     value, pullback = torch.func.vjp(reference, *xi)
     got_value = mod.second_order_geodesic(*point, *xi, **kw)
+    *fwd_value, saved = mod.second_order_geodesic_fwd(*point, *xi, **kw)
+    ref_vjp = pullback(tuple(cot))
     got_vjp = mod.second_order_geodesic_vjp(*point, *xi, *cot, **kw)
-    return max(_rel(got_value, value), _rel(got_vjp, pullback(tuple(cot))))
+    got_vjp_saved = mod.second_order_geodesic_vjp(*point, *xi, *cot, saved=saved, **kw)
+    return max(_rel(got_value, value), _rel(fwd_value, value), _rel(got_vjp, ref_vjp),
+               _rel(got_vjp_saved, ref_vjp))
 
 
 def run_checks(name, seed=0) -> dict:

@@ -65,8 +65,13 @@ def second_order_geodesic(u, v, xi_u, xi_v):
     return u + xi_u + (1/2)*torch.pow(xi_u, 2)/u, v + xi_v + (1/2)*torch.pow(xi_v, 2)/v
 
 
-def second_order_geodesic_vjp(u, v, xi_u, xi_v, cot_u, cot_v):
-    """Vector-Jacobian product (∂E/∂ξ)ᵀ ū of second_order_geodesic for a cotangent ū = (cot_u, cot_v): xi_u: cot_u + cot_u*xi_u/u, xi_v: cot_v + cot_v*xi_v/v."""
+def second_order_geodesic_fwd(u, v, xi_u, xi_v):
+    """Second-order geodesic E(ξ) and the (empty) tuple of products its VJP reuses."""
+    return (*second_order_geodesic(u, v, xi_u, xi_v), ())
+
+
+def second_order_geodesic_vjp(u, v, xi_u, xi_v, cot_u, cot_v, saved=None):
+    """Vector-Jacobian product (∂E/∂ξ)ᵀ ū of second_order_geodesic for a cotangent ū = (cot_u, cot_v); ``saved`` is unused (element-wise): xi_u: cot_u + cot_u*xi_u/u, xi_v: cot_v + cot_v*xi_v/v."""
     return cot_u + cot_u*xi_u/u, cot_v + cot_v*xi_v/v
 
 

@@ -67,8 +67,13 @@ def second_order_geodesic(u, v, xi_u, xi_v):
     return -t0/v + u + (1/2)*u*torch.pow(xi_v, 2)/torch.pow(v, 2) + xi_u, -t0/u + v + xi_v + (1/2)*v*torch.pow(xi_u, 2)/torch.pow(u, 2)
 
 
-def second_order_geodesic_vjp(u, v, xi_u, xi_v, cot_u, cot_v):
-    """Vector-Jacobian product (∂E/∂ξ)ᵀ ū of second_order_geodesic for a cotangent ū = (cot_u, cot_v): xi_u: cot_u - cot_u*xi_v/v - cot_v*xi_v/u + cot_v*v*xi_u/u**2, xi_v: cot_u*u*xi_v/v**2 - cot_u*xi_u/v + cot_v - cot_v*xi_u/u."""
+def second_order_geodesic_fwd(u, v, xi_u, xi_v):
+    """Second-order geodesic E(ξ) and the (empty) tuple of products its VJP reuses."""
+    return (*second_order_geodesic(u, v, xi_u, xi_v), ())
+
+
+def second_order_geodesic_vjp(u, v, xi_u, xi_v, cot_u, cot_v, saved=None):
+    """Vector-Jacobian product (∂E/∂ξ)ᵀ ū of second_order_geodesic for a cotangent ū = (cot_u, cot_v); ``saved`` is unused (element-wise): xi_u: cot_u - cot_u*xi_v/v - cot_v*xi_v/u + cot_v*v*xi_u/u**2, xi_v: cot_u*u*xi_v/v**2 - cot_u*xi_u/v + cot_v - cot_v*xi_u/u."""
     t0 = cot_u/v
     t1 = cot_v/u
     return cot_u + cot_v*v*xi_u/torch.pow(u, 2) - t0*xi_v - t1*xi_v, cot_u*u*xi_v/torch.pow(v, 2) + cot_v - t0*xi_u - t1*xi_u

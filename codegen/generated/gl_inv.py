@@ -110,16 +110,30 @@ def second_order_geodesic(G, H, xi_G, xi_H, eps=0.0, cache=None):
     return G @ (-1/2 * (GtG_inv @ (xi_G.mT @ xi_G)) + torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)) + xi_G @ (torch.eye(G.shape[-1], dtype=G.dtype, device=G.device) + GtG_inv @ (1/2 * t0 + 1/2 * t0.mT)), H @ (-1/2 * (HtH_inv @ (xi_H.mT @ xi_H)) + torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)) + xi_H @ (torch.eye(G.shape[-1], dtype=G.dtype, device=G.device) + HtH_inv @ (1/2 * t1 + 1/2 * t1.mT))
 
 
-def second_order_geodesic_vjp(G, H, xi_G, xi_H, cot_G, cot_H, eps=0.0, cache=None):
-    """Vector-Jacobian product (∂E/∂ξ)ᵀ ū of second_order_geodesic for a cotangent ū = (cot_G, cot_H): xi_G: (1/2)*G*(G.T*G)^-1*xi_G.T*cot_G + (1/2)*G*cot_G.T*xi_G*(G.T*G)^-1 + cot_G + (1/2)*cot_G*G.T*xi_G*(G.T*G)^-1 + (1/2)*cot_G*xi_G.T*G*(G.T*G)^-1 - (1/2)*xi_G*(G.T*G)^-1*G.T*cot_G - (1/2)*xi_G*cot_G.T*G*(G.T*G)^-1, xi_H: (1/2)*H*(H.T*H)^-1*xi_H.T*cot_H + (1/2)*H*cot_H.T*xi_H*(H.T*H)^-1 + cot_H + (1/2)*cot_H*H.T*xi_H*(H.T*H)^-1 + (1/2)*cot_H*xi_H.T*H*(H.T*H)^-1 - (1/2)*xi_H*(H.T*H)^-1*H.T*cot_H - (1/2)*xi_H*cot_H.T*H*(H.T*H)^-1."""
+def second_order_geodesic_fwd(G, H, xi_G, xi_H, eps=0.0, cache=None):
+    """Second-order geodesic E(ξ) (as second_order_geodesic) and the products its VJP reuses: returns (E_G, E_H, saved) with saved = (t1, t3), to pass to second_order_geodesic_vjp(..., saved=saved)."""
     GtG = _rt.gram(G, eps) if cache is None else cache.GtG
     GtG_inv = _rt.spd_inverse(GtG) if cache is None else cache.GtG_inv
     HtH = _rt.gram(H, eps) if cache is None else cache.HtH
     HtH_inv = _rt.spd_inverse(HtH) if cache is None else cache.HtH_inv
-    t0 = G.mT @ cot_G
     t1 = G.mT @ xi_G
-    t2 = H.mT @ cot_H
     t3 = H.mT @ xi_H
+    return G @ (-1/2 * (GtG_inv @ (xi_G.mT @ xi_G)) + torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)) + xi_G @ (torch.eye(G.shape[-1], dtype=G.dtype, device=G.device) + GtG_inv @ (1/2 * t1 + 1/2 * t1.mT)), H @ (-1/2 * (HtH_inv @ (xi_H.mT @ xi_H)) + torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)) + xi_H @ (torch.eye(G.shape[-1], dtype=G.dtype, device=G.device) + HtH_inv @ (1/2 * t3 + 1/2 * t3.mT)), (t1, t3)
+
+
+def second_order_geodesic_vjp(G, H, xi_G, xi_H, cot_G, cot_H, eps=0.0, cache=None, saved=None):
+    """Vector-Jacobian product (∂E/∂ξ)ᵀ ū of second_order_geodesic for a cotangent ū = (cot_G, cot_H); ``saved`` from second_order_geodesic_fwd skips the products it holds: xi_G: (1/2)*G*(G.T*G)^-1*xi_G.T*cot_G + (1/2)*G*cot_G.T*xi_G*(G.T*G)^-1 + cot_G + (1/2)*cot_G*G.T*xi_G*(G.T*G)^-1 + (1/2)*cot_G*xi_G.T*G*(G.T*G)^-1 - (1/2)*xi_G*(G.T*G)^-1*G.T*cot_G - (1/2)*xi_G*cot_G.T*G*(G.T*G)^-1, xi_H: (1/2)*H*(H.T*H)^-1*xi_H.T*cot_H + (1/2)*H*cot_H.T*xi_H*(H.T*H)^-1 + cot_H + (1/2)*cot_H*H.T*xi_H*(H.T*H)^-1 + (1/2)*cot_H*xi_H.T*H*(H.T*H)^-1 - (1/2)*xi_H*(H.T*H)^-1*H.T*cot_H - (1/2)*xi_H*cot_H.T*H*(H.T*H)^-1."""
+    GtG = _rt.gram(G, eps) if cache is None else cache.GtG
+    GtG_inv = _rt.spd_inverse(GtG) if cache is None else cache.GtG_inv
+    HtH = _rt.gram(H, eps) if cache is None else cache.HtH
+    HtH_inv = _rt.spd_inverse(HtH) if cache is None else cache.HtH_inv
+    if saved is None:
+        t1 = G.mT @ xi_G
+        t3 = H.mT @ xi_H
+    else:
+        t1, t3 = saved
+    t0 = G.mT @ cot_G
+    t2 = H.mT @ cot_H
     t4 = cot_G.mT @ xi_G
     t5 = cot_H.mT @ xi_H
     return xi_G @ (-1/2 * (GtG_inv @ t0) - 1/2 * (t0.mT @ GtG_inv)) + G @ (1/2 * (GtG_inv @ t4.mT) + 1/2 * (t4 @ GtG_inv)) + cot_G @ (torch.eye(G.shape[-1], dtype=G.dtype, device=G.device) + (1/2 * t1 + 1/2 * t1.mT) @ GtG_inv), xi_H @ (-1/2 * (HtH_inv @ t2) - 1/2 * (t2.mT @ HtH_inv)) + H @ (1/2 * (HtH_inv @ t5.mT) + 1/2 * (t5 @ HtH_inv)) + cot_H @ (torch.eye(G.shape[-1], dtype=G.dtype, device=G.device) + (1/2 * t3 + 1/2 * t3.mT) @ HtH_inv)

@@ -80,10 +80,16 @@ def second_order_geodesic(W, xi_W, eps=0.0, cache=None):
     return ((-1/2*((xi_W.mT) * xi_W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1) + 1)[..., None, None] * W + ((1/2)*((W.mT) * xi_W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1) + (1/2)*((xi_W.mT) * W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1) + 1)[..., None, None] * xi_W,)
 
 
-def second_order_geodesic_vjp(W, xi_W, cot_W, eps=0.0, cache=None):
-    """Vector-Jacobian product (∂E/∂ξ)ᵀ ū of second_order_geodesic for a cotangent ū = (cot_W): xi_W: (-Trace(cot_W.T*W)/Trace(W.T*W))*xi_W + (Trace(cot_W.T*xi_W)/Trace(W.T*W))*W + (1 + Trace(W.T*xi_W)/(2*Trace(W.T*W)) + Trace(xi_W.T*W)/(2*Trace(W.T*W)))*cot_W."""
+def second_order_geodesic_fwd(W, xi_W, eps=0.0, cache=None):
+    """Second-order geodesic E(ξ) (as second_order_geodesic) and the products its VJP reuses: returns (E_W, saved) with saved = (), to pass to second_order_geodesic_vjp(..., saved=saved)."""
     WtW = _rt.gram(W, eps) if cache is None else cache.WtW
-    return ((-((cot_W.mT) * W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1))[..., None, None] * xi_W + (((cot_W.mT) * xi_W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1))[..., None, None] * W + ((1/2)*((W.mT) * xi_W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1) + (1/2)*((xi_W.mT) * W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1) + 1)[..., None, None] * cot_W,)
+    return (-1/2*((xi_W.mT) * xi_W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1) + 1)[..., None, None] * W + ((1/2)*((W.mT) * xi_W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1) + (1/2)*((xi_W.mT) * W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1) + 1)[..., None, None] * xi_W, ()
+
+
+def second_order_geodesic_vjp(W, xi_W, cot_W, eps=0.0, cache=None, saved=None):
+    """Vector-Jacobian product (∂E/∂ξ)ᵀ ū of second_order_geodesic for a cotangent ū = (cot_W); ``saved`` from second_order_geodesic_fwd skips the products it holds: xi_W: (-Trace(cot_W.T*W)/Trace(W.T*W))*xi_W + (Trace(cot_W.T*xi_W)/Trace(W.T*W))*W + (1 + Trace(W.T*xi_W)/(2*Trace(W.T*W)) + Trace(xi_W.T*W)/(2*Trace(W.T*W)))*cot_W."""
+    WtW = _rt.gram(W, eps) if cache is None else cache.WtW
+    return (-((cot_W.mT) * W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1))[..., None, None] * xi_W + (((cot_W.mT) * xi_W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1))[..., None, None] * W + ((1/2)*((W.mT) * xi_W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1) + (1/2)*((xi_W.mT) * W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1) + 1)[..., None, None] * cot_W,
 
 
 def act(W, a):

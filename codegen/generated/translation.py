@@ -73,9 +73,14 @@ def second_order_geodesic(w, xi_w, eps=0.0, cache=None):
     return (w + xi_w,)
 
 
-def second_order_geodesic_vjp(w, xi_w, cot_w, eps=0.0, cache=None):
-    """Vector-Jacobian product (∂E/∂ξ)ᵀ ū of second_order_geodesic for a cotangent ū = (cot_w): xi_w: cot_w."""
-    return (cot_w,)
+def second_order_geodesic_fwd(w, xi_w, eps=0.0, cache=None):
+    """Second-order geodesic E(ξ) (as second_order_geodesic) and the products its VJP reuses: returns (E_w, saved) with saved = (), to pass to second_order_geodesic_vjp(..., saved=saved)."""
+    return w + xi_w, ()
+
+
+def second_order_geodesic_vjp(w, xi_w, cot_w, eps=0.0, cache=None, saved=None):
+    """Vector-Jacobian product (∂E/∂ξ)ᵀ ū of second_order_geodesic for a cotangent ū = (cot_w); ``saved`` from second_order_geodesic_fwd skips the products it holds: xi_w: cot_w."""
+    return cot_w,
 
 
 def act(w, a):

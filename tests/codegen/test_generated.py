@@ -187,7 +187,7 @@ def test_translation_geodesics_are_straight_lines():
 @pytest.mark.parametrize("name", MODULES)
 @given(seed=st.integers(0, 10_000))
 def test_second_order_geodesic_and_vjp_equal_autograd(name, seed):
-    """Generated E(ξ) = θ + ξ + ½γ̈ and its generated VJP vs torch.func.vjp of θ + ξ + ½γ̈ built
+    """Generated E(ξ) = θ + ξ + ½γ̈ and its generated VJP (with and without saved products) vs torch.func.vjp of θ + ξ + ½γ̈ built
     from the acceleration kernel (float64, random cotangent)."""
     assert second_order_vjp_error(name, seed=seed) < 1e-12
 
@@ -229,14 +229,22 @@ class _CountProducts(torch.utils._python_dispatch.TorchDispatchMode):
 def test_second_order_geodesic_cost(name):
     """The cost rules hold for E and its VJP: with a cache, E takes 8 products of size n·h²
     (per block: two Gram-type reductions, B·(I + …) and ξ·(I + …)) and one n×h addition per
-    block; the VJP takes 12 (six reductions shared across terms, two big products per block more)."""
+    block; the VJP takes 12 (six reductions shared across terms, two big products per block more),
+    10 with the forward's Gᵀξ_G, Hᵀξ_H passed as ``saved``, and gives the same result."""
     mod = importlib.import_module(f"codegen.generated.{name}")
     point = sample_point(mod, batch=(2,), sizes={"n": 40, "m": 30, "h": 3}, seed=0)
     xi, cot = sample_tangent(mod, point, seed=1), sample_tangent(mod, point, seed=2)
     cache = mod.prepare(*point)
     with _CountProducts(large=30) as fwd:
-        mod.second_order_geodesic(*point, *xi, cache=cache)
+        *E, saved = mod.second_order_geodesic_fwd(*point, *xi, cache=cache)
     with _CountProducts(large=30) as bwd:
-        mod.second_order_geodesic_vjp(*point, *xi, *cot, cache=cache)
+        vjp = mod.second_order_geodesic_vjp(*point, *xi, *cot, cache=cache)
+    with _CountProducts(large=30) as bwd_saved:
+        vjp_saved = mod.second_order_geodesic_vjp(*point, *xi, *cot, cache=cache, saved=saved)
     assert fwd.counts["large"] == 8 and fwd.counts["big_elementwise"] == 2, fwd.counts
     assert bwd.counts["large"] == 12 and bwd.counts["big_elementwise"] == 4, bwd.counts
+    assert len(saved) == 2 and bwd_saved.counts["large"] == 10, bwd_saved.counts  # Gᵀξ_G, Hᵀξ_H reused
+    for a, b in zip(E, mod.second_order_geodesic(*point, *xi, cache=cache)):
+        assert torch.equal(a, b)
+    for a, b in zip(vjp, vjp_saved):
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
