@@ -39,6 +39,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
+MODEL_NAMES = dict(bert="BERT-base (batch 8, seq 128)", vit="ViT-B/16 (batch 8, 224²)")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -580,7 +581,7 @@ def render(info: dict, res: dict, quick: bool, elapsed: float) -> str:
                  "matmul GFLOP a / mix / inv (ratios) |")
         L.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for kind, r in res["iteration"].items():
-            name = dict(bert="BERT-base (batch 8, seq 128)", vit="ViT-B/16 (batch 8, 224²)")[kind]
+            name = MODEL_NAMES[kind]
             t, gm = r["times"], r["geometry"]
             L.append(f"| {name} | {r['params'] / 1e6:.1f} M | {fmt_t(t['adaptive'])} | "
                      f"{fmt_t(t['geodesic-mix'])} | {fmt_t(t['geodesic-inv'])} | "
@@ -599,7 +600,7 @@ def render(info: dict, res: dict, quick: bool, elapsed: float) -> str:
         for kind, r in res["iteration"].items():
             if "mix_perturbed" not in r:
                 continue
-            name = dict(bert="BERT-base (batch 8, seq 128)", vit="ViT-B/16 (batch 8, 224²)")[kind]
+            name = MODEL_NAMES[kind]
             f = r.get("flops") or {}
             fl = (f"{f['geodesic-mix-perturbed'] / 1e9:.4g} ({f['geodesic-mix-perturbed'] / f['adaptive']:.3f})"
                   if f else "—")

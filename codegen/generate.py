@@ -405,13 +405,16 @@ def generate_module(geo: QuotientGeometry, module_name: str, origin: str = "") -
         "γ̈(0) = −Γ(ξ, ξ): " + ", ".join(f"{b}: {_fmt(v)}" for b, v in zip(B, geo.geodesic_acceleration)) + ".",
         tuple_out=True))
     cot = [em.name(x) for x in geo.cotangent]
-    funcs.append(em.function(
-        "second_order_geodesic", B + xi, list(geo.second_order_geodesic),
-        "Second-order geodesic E(ξ) = θ + ξ + ½ γ̈(0) (≈ γ_ξ(1), paper Eq. 4): " + ", ".join(
-            f"{b}: {_fmt(v)}" for b, v in zip(B, geo.second_order_geodesic)) + ".", tuple_out=True))
-    if em.matrix:
+    e_doc = "Second-order geodesic E(ξ) = θ + ξ + ½ γ̈(0) (≈ γ_ξ(1), paper Eq. 4): " + ", ".join(
+        f"{b}: {_fmt(v)}" for b, v in zip(B, geo.second_order_geodesic)) + "."
+    if em.matrix:  # E is the forward of the forward/backward pair without its saved products
+        call = ", ".join(B + xi + ["eps=eps", "cache=cache"])
+        funcs.append(em.function("second_order_geodesic", B + xi, [], e_doc,
+                                 extra_lines=[f"return second_order_geodesic_fwd({call})[:-1]"]))
         funcs += _forward_backward_functions(em, B, xi, cot, geo)
     else:  # element-wise: nothing worth saving between the two
+        funcs.append(em.function("second_order_geodesic", B + xi, list(geo.second_order_geodesic), e_doc,
+                                 tuple_out=True))
         funcs.append(em.function(
             "second_order_geodesic_fwd", B + xi, [],
             "Second-order geodesic E(ξ) and the (empty) tuple of products its VJP reuses.",
@@ -465,7 +468,7 @@ def _forward_backward_functions(em: _Emitter, B, xi, cot, geo) -> list[str]:
         list(geo.second_order_geodesic), list(geo.second_order_geodesic_vjp))
     sig = ", ".join(B + xi + ["eps=0.0", "cache=None"])
     saved_tuple = "(" + ", ".join(saved) + ("," if len(saved) == 1 else "") + ")"
-    fwd_doc = ("Second-order geodesic E(ξ) (as second_order_geodesic) and the products its VJP reuses: "
+    fwd_doc = ("Second-order geodesic E(ξ) and the products its VJP reuses: "
                f"returns (" + ", ".join(f"E_{b}" for b in B) + f", saved) with saved = {saved_tuple}, "
                "to pass to second_order_geodesic_vjp(..., saved=saved).")
     fwd = ("def second_order_geodesic_fwd(" + sig + "):\n" + textwrap.indent(f'"""{fwd_doc}"""\n', "    ")

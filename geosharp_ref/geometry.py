@@ -99,7 +99,8 @@ class GLPairGeometry:
         autograd differentiates the generated formula instead."""
         self._check(G, H, (xi[0], G, "xi_G"), (xi[1], H, "xi_H"))
         cache = self._cache(G, H, cache)
-        if G.requires_grad or H.requires_grad or not (xi[0].requires_grad or xi[1].requires_grad):
+        if (not torch.is_grad_enabled() or G.requires_grad or H.requires_grad
+                or not (xi[0].requires_grad or xi[1].requires_grad)):
             return self.kernels.second_order_geodesic(G, H, *xi, eps=self.eps, cache=cache)
         out = _SecondOrderGeodesic.apply(self.kernels, self.eps, cache, G, H, xi[0], xi[1])
         return out[0], out[1]

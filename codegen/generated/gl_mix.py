@@ -92,17 +92,11 @@ def geodesic_acceleration(G, H, xi_G, xi_H, eps=0.0, cache=None):
 
 def second_order_geodesic(G, H, xi_G, xi_H, eps=0.0, cache=None):
     """Second-order geodesic E(ξ) = θ + ξ + ½ γ̈(0) (≈ γ_ξ(1), paper Eq. 4): G: G + (1/2)*G*xi_H.T*xi_H*(H.T*H)^-1 + xi_G - (1/2)*xi_G*H.T*xi_H*(H.T*H)^-1 - (1/2)*xi_G*xi_H.T*H*(H.T*H)^-1, H: H + (1/2)*H*xi_G.T*xi_G*(G.T*G)^-1 + xi_H - (1/2)*xi_H*G.T*xi_G*(G.T*G)^-1 - (1/2)*xi_H*xi_G.T*G*(G.T*G)^-1."""
-    GtG = _rt.gram(G, eps) if cache is None else cache.GtG
-    GtG_inv = _rt.spd_inverse(GtG) if cache is None else cache.GtG_inv
-    HtH = _rt.gram(H, eps) if cache is None else cache.HtH
-    HtH_inv = _rt.spd_inverse(HtH) if cache is None else cache.HtH_inv
-    t0 = G.mT @ xi_G
-    t1 = H.mT @ xi_H
-    return xi_G @ (torch.eye(G.shape[-1], dtype=G.dtype, device=G.device) + (-1/2 * t1 - 1/2 * t1.mT) @ HtH_inv) + G @ (1/2 * ((xi_H.mT @ xi_H) @ HtH_inv) + torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)), xi_H @ (torch.eye(G.shape[-1], dtype=G.dtype, device=G.device) + (-1/2 * t0 - 1/2 * t0.mT) @ GtG_inv) + H @ (1/2 * ((xi_G.mT @ xi_G) @ GtG_inv) + torch.eye(G.shape[-1], dtype=G.dtype, device=G.device))
+    return second_order_geodesic_fwd(G, H, xi_G, xi_H, eps=eps, cache=cache)[:-1]
 
 
 def second_order_geodesic_fwd(G, H, xi_G, xi_H, eps=0.0, cache=None):
-    """Second-order geodesic E(ξ) (as second_order_geodesic) and the products its VJP reuses: returns (E_G, E_H, saved) with saved = (t1, t3), to pass to second_order_geodesic_vjp(..., saved=saved)."""
+    """Second-order geodesic E(ξ) and the products its VJP reuses: returns (E_G, E_H, saved) with saved = (t1, t3), to pass to second_order_geodesic_vjp(..., saved=saved)."""
     GtG = _rt.gram(G, eps) if cache is None else cache.GtG
     GtG_inv = _rt.spd_inverse(GtG) if cache is None else cache.GtG_inv
     HtH = _rt.gram(H, eps) if cache is None else cache.HtH

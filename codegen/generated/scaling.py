@@ -76,12 +76,11 @@ def geodesic_acceleration(W, xi_W, eps=0.0, cache=None):
 
 def second_order_geodesic(W, xi_W, eps=0.0, cache=None):
     """Second-order geodesic E(ξ) = θ + ξ + ½ γ̈(0) (≈ γ_ξ(1), paper Eq. 4): W: (1 - Trace(xi_W.T*xi_W)/(2*Trace(W.T*W)))*W + (1 + Trace(W.T*xi_W)/(2*Trace(W.T*W)) + Trace(xi_W.T*W)/(2*Trace(W.T*W)))*xi_W."""
-    WtW = _rt.gram(W, eps) if cache is None else cache.WtW
-    return ((-1/2*((xi_W.mT) * xi_W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1) + 1)[..., None, None] * W + ((1/2)*((W.mT) * xi_W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1) + (1/2)*((xi_W.mT) * W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1) + 1)[..., None, None] * xi_W,)
+    return second_order_geodesic_fwd(W, xi_W, eps=eps, cache=cache)[:-1]
 
 
 def second_order_geodesic_fwd(W, xi_W, eps=0.0, cache=None):
-    """Second-order geodesic E(ξ) (as second_order_geodesic) and the products its VJP reuses: returns (E_W, saved) with saved = (), to pass to second_order_geodesic_vjp(..., saved=saved)."""
+    """Second-order geodesic E(ξ) and the products its VJP reuses: returns (E_W, saved) with saved = (), to pass to second_order_geodesic_vjp(..., saved=saved)."""
     WtW = _rt.gram(W, eps) if cache is None else cache.WtW
     return (-1/2*((xi_W.mT) * xi_W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1) + 1)[..., None, None] * W + ((1/2)*((W.mT) * xi_W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1) + (1/2)*((xi_W.mT) * W.mT).sum((-2, -1))/torch.diagonal(WtW, dim1=-2, dim2=-1).sum(-1) + 1)[..., None, None] * xi_W, ()
 

@@ -70,11 +70,11 @@ def geodesic_acceleration(w, xi_w, eps=0.0, cache=None):
 
 def second_order_geodesic(w, xi_w, eps=0.0, cache=None):
     """Second-order geodesic E(ξ) = θ + ξ + ½ γ̈(0) (≈ γ_ξ(1), paper Eq. 4): w: w + xi_w."""
-    return (w + xi_w,)
+    return second_order_geodesic_fwd(w, xi_w, eps=eps, cache=cache)[:-1]
 
 
 def second_order_geodesic_fwd(w, xi_w, eps=0.0, cache=None):
-    """Second-order geodesic E(ξ) (as second_order_geodesic) and the products its VJP reuses: returns (E_w, saved) with saved = (), to pass to second_order_geodesic_vjp(..., saved=saved)."""
+    """Second-order geodesic E(ξ) and the products its VJP reuses: returns (E_w, saved) with saved = (), to pass to second_order_geodesic_vjp(..., saved=saved)."""
     return w + xi_w, ()
 
 
