@@ -18,12 +18,12 @@ def test_bench_quick_runs_and_writes_report(tmp_path):
     before = results.read_bytes() if results.exists() else None
     out = tmp_path / "quick.md"
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--device", "cpu",
-                        "--cases", "iteration,geometry,kernels,memory", "--out", str(out)],
+                        "--cases", "iteration,geometry,kernels,memory,cuda", "--out", str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     text = out.read_text()
     for section in ("Machine", "One Auto-PGD iteration", "Geometry alone", "Generated kernels",
-                    "Peak memory", "torch: "):
+                    "Peak memory", "Full evaluation on cpu", "Arithmetic floors", "torch: "):
         assert section in text
     assert (results.read_bytes() if results.exists() else None) == before
 
