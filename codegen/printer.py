@@ -161,21 +161,42 @@ class BatchedTorchPrinter(TorchPrinter):
             return self._print(coeff)
         return f"({self._print(coeff)})[..., None, None]"
 
+    def _is_large(self, expr) -> bool:
+        """Some dimension of ``expr`` is neither an integer nor a small (group) dimension."""
+        return any(not (sp.sympify(d).is_Integer or sp.sympify(d) in self.small_dims)
+                   for d in getattr(expr, "shape", ()))
+
     def _print_MatMul(self, expr):
         coeff, mats = self._flat(expr)
-        body = self._chain(list(mats)) if mats else "1"
+        mats = list(mats)
+        if coeff != 1 and coeff.is_Number and len(mats) > 1 and self._is_large(expr):
+            # c·(G X) costs a pass over the large result; G (c X) one over the small factor X
+            small = [i for i, m in enumerate(mats)
+                     if not self._is_large(m) and not (isinstance(m, Inverse) and not self._is_spd_inverse(m))]
+            if small:
+                mats[small[-1]] = MatMul(coeff, mats[small[-1]])
+                coeff = sp.S.One
+        body = self._chain(mats) if mats else "1"
         c = self._scalar_factor(coeff)
         if c is None:
             return body
         if c == "-1":
-            return f"-({body})"
+            return f"-{body}" if _ATOM.match(body) else f"-({body})"
         return f"{c} * ({body})" if " " in body else f"{c} * {body}"
 
     def _print_MatAdd(self, expr):
-        parts = [self._print(a) for a in expr.args]
-        out = parts[0]
-        for p in parts[1:]:
-            out += f" - {p[1:]}" if p.startswith("-") else f" + {p}"
+        """Σ ± terms with a positive term first and negative ones printed as subtractions, so no
+        term is negated on its own (for large terms that would be an extra pass over the result)."""
+        signed = []
+        for a in expr.args:
+            coeff = a.as_coeff_matrices()[0] if isinstance(a, MatMul) else sp.S.One
+            neg = bool(coeff.is_Number and coeff < 0)
+            signed.append((neg, self._print(-a if neg else a), a))
+        signed.sort(key=lambda t: t[0])  # stable: positive terms first, then the negative ones
+        neg, first, a = signed[0]
+        out = self._print(a) if neg else first
+        for neg, p, _ in signed[1:]:
+            out += f" - {p}" if neg else f" + {p}"
         return out
 
     # -- traces ----------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ def inner(G, H, xi_G, xi_H, eta_G, eta_H, eps=0.0, cache=None):
 
 def vertical(G, H, X):
     """Vertical vector v(X): G: G*X, H: -H*X.T."""
-    return G @ X, -(H @ X.mT)
+    return G @ X, H @ (-X.mT)
 
 
 def horizontal_residual(G, H, xi_G, xi_H, eps=0.0, cache=None):
@@ -56,14 +56,14 @@ def horizontal_residual(G, H, xi_G, xi_H, eps=0.0, cache=None):
     GtG_inv = _rt.spd_inverse(GtG) if cache is None else cache.GtG_inv
     HtH = _rt.gram(H, eps) if cache is None else cache.HtH
     HtH_inv = _rt.spd_inverse(HtH) if cache is None else cache.HtH_inv
-    return (G.mT @ xi_G) @ GtG_inv - (HtH_inv @ (xi_H.mT @ H))
+    return (G.mT @ xi_G) @ GtG_inv - HtH_inv @ (xi_H.mT @ H)
 
 
 def sylvester_system(G, H, xi_G, xi_H, eps=0.0, cache=None):
     """(S₁, S₂, C') of P Λ + Λ P = C' with P = S₁ S₂ = H.T*H*G.T*G, C' = H.T*H*C*G.T*G."""
     GtG = _rt.gram(G, eps) if cache is None else cache.GtG
     HtH = _rt.gram(H, eps) if cache is None else cache.HtH
-    return HtH, GtG, HtH @ (G.mT @ xi_G) - ((xi_H.mT @ H) @ GtG)
+    return HtH, GtG, HtH @ (G.mT @ xi_G) - (xi_H.mT @ H) @ GtG
 
 
 def horizontal_lambda(G, H, xi_G, xi_H, eps=0.0, cache=None):
@@ -96,7 +96,7 @@ def geodesic_acceleration(G, H, xi_G, xi_H, eps=0.0, cache=None):
     HtH_inv = _rt.spd_inverse(HtH) if cache is None else cache.HtH_inv
     t0 = G.mT @ xi_G
     t1 = H.mT @ xi_H
-    return -(G @ (GtG_inv @ (xi_G.mT @ xi_G))) + xi_G @ (GtG_inv @ (t0 + t0.mT)), -(H @ (HtH_inv @ (xi_H.mT @ xi_H))) + xi_H @ (HtH_inv @ (t1 + t1.mT))
+    return xi_G @ (GtG_inv @ (t0 + t0.mT)) - G @ (GtG_inv @ (xi_G.mT @ xi_G)), xi_H @ (HtH_inv @ (t1 + t1.mT)) - H @ (HtH_inv @ (xi_H.mT @ xi_H))
 
 
 def second_order_geodesic(G, H, xi_G, xi_H, eps=0.0, cache=None):
@@ -112,7 +112,7 @@ def second_order_geodesic_fwd(G, H, xi_G, xi_H, eps=0.0, cache=None):
     HtH_inv = _rt.spd_inverse(HtH) if cache is None else cache.HtH_inv
     t1 = G.mT @ xi_G
     t3 = H.mT @ xi_H
-    return G @ (-1/2 * (GtG_inv @ (xi_G.mT @ xi_G)) + torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)) + xi_G @ (torch.eye(G.shape[-1], dtype=G.dtype, device=G.device) + GtG_inv @ (1/2 * t1 + 1/2 * t1.mT)), H @ (-1/2 * (HtH_inv @ (xi_H.mT @ xi_H)) + torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)) + xi_H @ (torch.eye(G.shape[-1], dtype=G.dtype, device=G.device) + HtH_inv @ (1/2 * t3 + 1/2 * t3.mT)), (t1, t3)
+    return G @ (torch.eye(G.shape[-1], dtype=G.dtype, device=G.device) - 1/2 * (GtG_inv @ (xi_G.mT @ xi_G))) + xi_G @ (torch.eye(G.shape[-1], dtype=G.dtype, device=G.device) + GtG_inv @ (1/2 * t1 + 1/2 * t1.mT)), H @ (torch.eye(G.shape[-1], dtype=G.dtype, device=G.device) - 1/2 * (HtH_inv @ (xi_H.mT @ xi_H))) + xi_H @ (torch.eye(G.shape[-1], dtype=G.dtype, device=G.device) + HtH_inv @ (1/2 * t3 + 1/2 * t3.mT)), (t1, t3)
 
 
 def second_order_geodesic_vjp(G, H, xi_G, xi_H, cot_G, cot_H, eps=0.0, cache=None, saved=None):

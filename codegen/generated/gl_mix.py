@@ -44,14 +44,14 @@ def inner(G, H, xi_G, xi_H, eta_G, eta_H, eps=0.0, cache=None):
 
 def vertical(G, H, X):
     """Vertical vector v(X): G: G*X, H: -H*X.T."""
-    return G @ X, -(H @ X.mT)
+    return G @ X, H @ (-X.mT)
 
 
 def horizontal_residual(G, H, xi_G, xi_H, eps=0.0, cache=None):
     """C(ξ) = -G.T*G*xi_H.T*H + G.T*xi_G*H.T*H; ξ is horizontal iff C(ξ) = 0."""
     GtG = _rt.gram(G, eps) if cache is None else cache.GtG
     HtH = _rt.gram(H, eps) if cache is None else cache.HtH
-    return (G.mT @ xi_G) @ HtH - (GtG @ (xi_H.mT @ H))
+    return (G.mT @ xi_G) @ HtH - GtG @ (xi_H.mT @ H)
 
 
 def horizontal_lambda(G, H, xi_G, xi_H, eps=0.0, cache=None):
@@ -60,7 +60,7 @@ def horizontal_lambda(G, H, xi_G, xi_H, eps=0.0, cache=None):
     GtG_inv = _rt.spd_inverse(GtG) if cache is None else cache.GtG_inv
     HtH = _rt.gram(H, eps) if cache is None else cache.HtH
     HtH_inv = _rt.spd_inverse(HtH) if cache is None else cache.HtH_inv
-    return -1/2 * ((xi_H.mT @ H) @ HtH_inv) + 1/2 * (GtG_inv @ (G.mT @ xi_G))
+    return 1/2 * (GtG_inv @ (G.mT @ xi_G)) - 1/2 * ((xi_H.mT @ H) @ HtH_inv)
 
 
 def horizontal_projection(G, H, xi_G, xi_H, eps=0.0, cache=None):
@@ -87,7 +87,7 @@ def geodesic_acceleration(G, H, xi_G, xi_H, eps=0.0, cache=None):
     HtH_inv = _rt.spd_inverse(HtH) if cache is None else cache.HtH_inv
     t0 = G.mT @ xi_G
     t1 = H.mT @ xi_H
-    return G @ ((xi_H.mT @ xi_H) @ HtH_inv) + xi_G @ ((-(t1) - (t1.mT)) @ HtH_inv), H @ ((xi_G.mT @ xi_G) @ GtG_inv) + xi_H @ ((-(t0) - (t0.mT)) @ GtG_inv)
+    return G @ ((xi_H.mT @ xi_H) @ HtH_inv) + xi_G @ ((-t1 - t1.mT) @ HtH_inv), H @ ((xi_G.mT @ xi_G) @ GtG_inv) + xi_H @ ((-t0 - t0.mT) @ GtG_inv)
 
 
 def second_order_geodesic(G, H, xi_G, xi_H, eps=0.0, cache=None):

@@ -4,6 +4,7 @@ respect to ξ through a cached kernel are exact, the runtime's factored Sylveste
 are right (including forward-mode derivatives), and the printer's cost rules hold (no n×n
 intermediates, shared Gᵀξ products)."""
 import importlib
+import re
 import inspect
 
 import pytest
@@ -135,11 +136,30 @@ def test_chain_order_avoids_large_intermediates():
     assert p.doprint(sp.MatMul(xi.T, G, G.T, xi)) == "(xi.mT @ G) @ (G.mT @ xi)"
 
 
+def test_scalars_and_signs_land_on_small_factors():
+    """A scalar times an n×h product scales the h×h factor (no pass over the n×h result); a sum puts
+    a positive term first and subtracts the negative ones (no n×h term negated on its own)."""
+    n, h = sp.symbols("n h")
+    G = sp.MatrixSymbol("G", n, h)
+    xi = sp.MatrixSymbol("xi", n, h)
+    X = sp.MatrixSymbol("X", h, h)
+    p = BatchedTorchPrinter(dims={}, small_dims={h})
+    assert p.doprint(sp.MatMul(-1, G, X.T)) == "G @ (-X.mT)"
+    assert p.doprint(sp.MatMul(sp.Rational(1, 2), G, X)) == "G @ (1/2 * X)"
+    assert p.doprint(sp.MatMul(sp.Rational(1, 2), X, X)) == "1/2 * (X @ X)"  # small result: as is
+    assert p.doprint(sp.MatAdd(sp.MatMul(-1, G, X), sp.MatMul(xi, X))) == "xi @ X - G @ X"
+    assert p.doprint(sp.MatAdd(sp.MatMul(-1, G, X), sp.MatMul(-1, xi, X))) == "G @ (-X) - xi @ X"
+    for name in ("gl_inv", "gl_mix"):
+        text = (GENERATED_DIR / f"{name}.py").read_text()
+        assert not re.search(r"-\((G|H|xi_G|xi_H|cot_G|cot_H) @", text), name
+        assert not re.search(r"return -", text), name
+
+
 def test_generated_gl_kernels_share_products_and_use_no_per_call_solves():
     for name in ("gl_inv", "gl_mix"):
         text = (GENERATED_DIR / f"{name}.py").read_text()
         body = text[text.index("def geodesic_acceleration"):text.index("def act")]
-        assert "t0 + t0.mT" in body or "-(t0) - (t0.mT)" in body  # Gᵀξ computed once per block
+        assert "t0 + t0.mT" in body or "-t0 - t0.mT" in body  # Gᵀξ computed once per block
         assert "cholesky_solve" not in text
 
 
