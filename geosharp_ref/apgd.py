@@ -76,14 +76,17 @@ def _lin(a, x, b, y):
     return [a * xi + b * yi for xi, yi in zip(x, y)]
 
 
-def radial_clip(xi, sq_norm, rho):
+def radial_clip(xi, sq_norm, rho, on_device: bool | None = None):
     """(ξ · min(1, ρ/‖ξ‖), its squared norm) given ‖ξ‖² as a tensor.
 
-    On accelerators the factor stays on the device (no host synchronisation; ρ/0 = inf clamps to 1)
-    and every ξ is rescaled; on the CPU, where reading the norm costs nothing, ξ inside the ball is
-    returned as is (saves a pass over all parameters)."""
+    On accelerators (``on_device`` None: the norm's device is not the CPU) the factor stays on the
+    device (no host synchronisation; ρ/0 = inf clamps to 1) and every ξ is rescaled; on the CPU,
+    where reading the norm costs nothing, ξ inside the ball is returned as is (saves a pass over all
+    parameters). ``on_device=True`` forces the synchronisation-free path (tests run it on the CPU)."""
     sq = torch.as_tensor(sq_norm).clamp_min(0)
-    if not xi or sq.device.type == "cpu":
+    if on_device is None:
+        on_device = sq.device.type != "cpu"
+    if not xi or not on_device:
         n = float(sq) ** 0.5
         if n <= rho:
             return xi, sq

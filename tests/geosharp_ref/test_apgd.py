@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 from scipy.optimize import brentq
 
-from geosharp_ref.apgd import apgd, apgd_checkpoints
+from geosharp_ref.apgd import apgd, apgd_checkpoints, radial_clip
 
 
 def test_checkpoints_follow_croce_hein_schedule():
@@ -101,3 +101,21 @@ def test_apgd_is_deterministic_with_random_start():
     runs = [apgd(f_and_grad, EuclideanBall(4), 0.5, n_iter=10, random_start=True,
                  generator=torch.Generator().manual_seed(3)).values for _ in range(2)]
     assert runs[0] == runs[1]
+
+
+@settings(deadline=None)
+@given(st.integers(0, 2**31 - 1), st.floats(1e-3, 1e3), st.floats(1e-2, 1e2))
+def test_radial_clip_device_path_matches_host_path(seed, scale, rho):
+    """The synchronisation-free path (accelerators) and the host path give the same clipped vector and
+    norm inside, on and outside the ball, and leave the zero vector alone (ρ/0 = inf clamps to 1)."""
+    g = torch.Generator().manual_seed(seed)
+    xi = [scale * torch.randn(3, 4, generator=g, dtype=torch.float64), scale * torch.randn(5, generator=g, dtype=torch.float64)]
+    for v in (xi, [torch.zeros_like(x) for x in xi]):
+        sq = sum((x * x).sum() for x in v)
+        a, na = radial_clip(v, sq, rho, on_device=False)
+        b, nb = radial_clip(v, sq, rho, on_device=True)
+        norm = math.sqrt(float(sum((x * x).sum() for x in b)))
+        assert abs(norm - min(rho, math.sqrt(float(sq)))) <= 1e-12 * max(1.0, norm)
+        assert abs(float(na) - float(nb)) <= 1e-12 * max(1.0, float(na))
+        for x, y in zip(a, b):
+            assert torch.allclose(x, y, rtol=1e-14, atol=0)
