@@ -51,21 +51,27 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def interleaved(fns: dict, reps: int, device=torch.device("cpu"), warmup: int = 1) -> dict:
-    """Time each callable ``reps`` times, interleaved (rotating order); returns name -> [seconds]."""
+def interleaved(fns: dict, reps: int, device=torch.device("cpu"), warmup: int = 1, cpu_times: dict | None = None) -> dict:
+    """Time each callable ``reps`` times, interleaved (rotating order); returns name -> [seconds] of wall
+    time. With a dict ``cpu_times``, also fills it with name -> [seconds] of this process's CPU time
+    (time.process_time: excludes the time the process waits while other tenants run)."""
     names = list(fns)
     for _ in range(warmup):
         for n in names:
             fns[n]()
     times = {n: [] for n in names}
+    if cpu_times is not None:
+        cpu_times.update({n: [] for n in names})
     for r in range(reps):
         order = names[r % len(names):] + names[:r % len(names)]
         for n in order:
             _sync(device)
-            t = time.perf_counter()
+            c, t = time.process_time(), time.perf_counter()
             fns[n]()
             _sync(device)
             times[n].append(time.perf_counter() - t)
+            if cpu_times is not None:
+                cpu_times[n].append(time.process_time() - c)
     return times
 
 
@@ -212,7 +218,8 @@ def case_iteration(quick: bool, device, reps: int) -> dict:
             states[m] = (space, fg, x, rho, g, space.inner(x, x))
             splits[m] = []
         fns = {m: (lambda m=m: _one_iteration(states[m], splits[m])) for m in measures}
-        times = interleaved(fns, reps, device, warmup=0)
+        cpu = {}
+        times = interleaved(fns, reps, device, warmup=0, cpu_times=cpu)
         geo = {m: splits[m][-reps:] for m in measures}
         flops = {}
         for m in measures:  # matrix-product work of one iteration: deterministic, unlike the times
@@ -227,6 +234,9 @@ def case_iteration(quick: bool, device, reps: int) -> dict:
             mix=ratio_stats(times["geodesic-mix"], times["adaptive"]),
             inv=ratio_stats(times["geodesic-inv"], times["adaptive"]),
             mix_perturbed=ratio_stats(times["geodesic-mix-perturbed"], times["adaptive"]),
+            cpu_times=cpu,
+            cpu={k: ratio_stats(cpu[m], cpu["adaptive"]) for k, m in
+                 (("mix", "geodesic-mix"), ("inv", "geodesic-inv"), ("mix_perturbed", "geodesic-mix-perturbed"))},
         )
         del states, model
     return out
@@ -619,9 +629,9 @@ def render(info: dict, res: dict, quick: bool, elapsed: float) -> str:
         L.append("## 1. One Auto-PGD iteration (geometry steps + forward/backward), random weights")
         L.append("")
         L.append("| model | params | adaptive | geodesic-mix | geodesic-inv | mix/adaptive (≤ 1.10) | "
-                 "mix, best-of | inv/adaptive (≤ 1.25) | inv, best-of | geometry-step time a / mix / inv | "
-                 "matmul GFLOP a / mix / inv (ratios) |")
-        L.append("|---|---|---|---|---|---|---|---|---|---|---|")
+                 "mix, best-of | mix, by CPU time | inv/adaptive (≤ 1.25) | inv, best-of | inv, by CPU time | "
+                 "geometry-step time a / mix / inv | matmul GFLOP a / mix / inv (ratios) |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for kind, r in res["iteration"].items():
             name = MODEL_NAMES[kind]
             t, gm = r["times"], r["geometry"]
@@ -629,16 +639,19 @@ def render(info: dict, res: dict, quick: bool, elapsed: float) -> str:
                      f"{fmt_t(t['geodesic-mix'])} | {fmt_t(t['geodesic-inv'])} | "
                      f"{fmt_ratio(r['mix'])} {verdict(r['mix']['median'], 1.10)} | "
                      f"{r['mix']['best']:.3f} {verdict(r['mix']['best'], 1.10)} | "
+                     f"{fmt_ratio(r['cpu']['mix'])} {verdict(r['cpu']['mix']['median'], 1.10)} | "
                      f"{fmt_ratio(r['inv'])} {verdict(r['inv']['median'], 1.25)} | "
                      f"{r['inv']['best']:.3f} {verdict(r['inv']['best'], 1.25)} | "
+                     f"{fmt_ratio(r['cpu']['inv'])} {verdict(r['cpu']['inv']['median'], 1.25)} | "
                      f"{fmt_t(gm['adaptive'])} / {fmt_t(gm['geodesic-mix'])} / {fmt_t(gm['geodesic-inv'])} | "
                      + _fmt_flops(r.get("flops")) + " |")
         L.append("")
         L.append("With the gradient at the perturbed weights (`gradient=\"perturbed\"`, the paper's Algorithm 1: "
                  "no backward pass through the ½γ̈ correction):")
         L.append("")
-        L.append("| model | geodesic-mix, perturbed gradient | its mix/adaptive (≤ 1.10) | best-of | matmul GFLOP (ratio) |")
-        L.append("|---|---|---|---|---|")
+        L.append("| model | geodesic-mix, perturbed gradient | its mix/adaptive (≤ 1.10) | best-of | by CPU time | "
+                 "matmul GFLOP (ratio) |")
+        L.append("|---|---|---|---|---|---|")
         for kind, r in res["iteration"].items():
             if "mix_perturbed" not in r:
                 continue
@@ -648,11 +661,12 @@ def render(info: dict, res: dict, quick: bool, elapsed: float) -> str:
                   if f else "—")
             L.append(f"| {name} | {fmt_t(r['times']['geodesic-mix-perturbed'])} | "
                      f"{fmt_ratio(r['mix_perturbed'])} {verdict(r['mix_perturbed']['median'], 1.10)} | "
-                     f"{r['mix_perturbed']['best']:.3f} {verdict(r['mix_perturbed']['best'], 1.10)} | {fl} |")
+                     f"{r['mix_perturbed']['best']:.3f} {verdict(r['mix_perturbed']['best'], 1.10)} | "
+                     f"{fmt_ratio(r['cpu']['mix_perturbed'])} | {fl} |")
         L.append("")
         L.append("Times: medians over the repetitions. Ratios: median [min–max] of the per-repetition "
                  "ratios; best-of: ratio of the minimum times (other tenants of a shared machine only add "
-                 "time, so this estimates the ratio of the intrinsic costs). Matmul GFLOP: the matrix products of one "
+                 "time, so this estimates the ratio of the intrinsic costs); by CPU time: the same per-repetition ratios of the process's CPU time (time the process waited while other tenants ran is not counted; slowdowns from shared caches and memory bandwidth are). Matmul GFLOP: the matrix products of one "
                  "iteration counted by `torch.utils.flop_counter` (element-wise work not included), with "
                  "mix/adaptive and inv/adaptive ratios.")
         L.append("")

@@ -137,10 +137,12 @@ class PerturbationSpace:
             c = self.adaptive.scale(params[n])
             self.scales.append(c if m is None else c * m.to(c.dtype))
         # Per-space caches (they depend on the base point only): the movable mask c > 0 and the
-        # squared safe scale of the adaptive norm, so inner/projection do not rebuild them per call
-        # (bitwise the same values as computing them inline).
+        # adaptive metric's weight w = 1/c² on movable coordinates, 0 elsewhere, so inner/projection
+        # do not rebuild them per call; the adaptive part of g(ξ, η) is then one product and one dot
+        # per tensor, Σ ⟨ξ ⊙ w, η⟩.
         self._pos = [c > 0 for c in self.scales]
-        self._safe2 = [torch.where(p, c, torch.ones_like(c)) ** 2 for p, c in zip(self._pos, self.scales)]
+        self._inv_scale2 = [torch.where(p, 1.0 / torch.where(p, c, torch.ones_like(c)) ** 2, torch.zeros_like(c))
+                            for p, c in zip(self._pos, self.scales)]
         # Groups whose (G, H) share shapes/dtype/device are stacked along the head dimension so each
         # generated kernel runs once per bucket instead of once per layer (pays off on GPUs, where
         # the per-call launch overhead dominates; on CPU the concatenation copies cost about what the
@@ -253,8 +255,8 @@ class PerturbationSpace:
             for i in range(len(self.pairs)):
                 a, b = (px[2 * i], px[2 * i + 1]), (pe[2 * i], pe[2 * i + 1])
                 total = total + (a[0] * b[0]).sum() + (a[1] * b[1]).sum()
-        for p, s2, x, e in zip(self._pos, self._safe2, ax, ae):
-            total = total + torch.where(p, x * e / s2, 0.0).sum()
+        for w, x, e in zip(self._inv_scale2, ax, ae):
+            total = total + torch.dot((x * w).reshape(-1), e.reshape(-1))
         return total
 
     def norm(self, xi):
