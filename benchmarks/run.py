@@ -775,7 +775,8 @@ def render(info: dict, res: dict, quick: bool, elapsed: float) -> str:
         L.append("")
     if "cuda" in res:
         r = res["cuda"]
-        L.append(f"## 6. Full evaluation on {r['device']}, ViT-B/32, {r['inputs']} inputs, batches of {r['batch']}, "
+        model = "tiny ViT" if quick else "ViT-B/32"
+        L.append(f"## 6. Full evaluation on {r['device']}, {model}, {r['inputs']} inputs, batches of {r['batch']}, "
                  f"{r['n_iter']} iterations")
         L.append("")
         L.append("| measure | time | peak allocated | time / adaptive |")
