@@ -141,8 +141,7 @@ class PerturbationSpace:
         # do not rebuild them per call; the adaptive part of g(ξ, η) is then one product and one dot
         # per tensor, Σ ⟨ξ ⊙ w, η⟩.
         self._pos = [c > 0 for c in self.scales]
-        self._inv_scale2 = [torch.where(p, 1.0 / torch.where(p, c, torch.ones_like(c)) ** 2, torch.zeros_like(c))
-                            for p, c in zip(self._pos, self.scales)]
+        self._inv_scale2 = [torch.where(p, c, torch.inf) ** -2 for p, c in zip(self._pos, self.scales)]  # inf⁻² = 0
         # Groups whose (G, H) share shapes/dtype/device are stacked along the head dimension so each
         # generated kernel runs once per bucket instead of once per layer (pays off on GPUs, where
         # the per-call launch overhead dominates; on CPU the concatenation copies cost about what the

@@ -22,7 +22,8 @@ from geosharp_ref.verify_kernels import sample_point, sample_tangent
 MATRIX_MODULES = [n for n in BUILTIN_GEOMETRIES
                   if hasattr(importlib.import_module(f"codegen.generated.{n}"), "prepare")]
 KERNELS = ("inner", "horizontal_residual", "horizontal_lambda", "horizontal_projection",
-           "riemannian_gradient", "geodesic_acceleration")
+           "riemannian_gradient", "geodesic_acceleration", "second_order_geodesic", "second_order_geodesic_vjp")
+TWO_TANGENTS = ("inner", "second_order_geodesic_vjp")  # (ξ, η) and (ξ, cotangent)
 
 
 def _as_tuple(x):
@@ -48,7 +49,7 @@ def test_cached_kernels_equal_uncached(name, seed, batch, eps):
     cache = mod.prepare(*point, eps=eps)
     for k in KERNELS:
         fn = getattr(mod, k)
-        args = (*point, *xi, *eta) if k == "inner" else (*point, *xi)
+        args = (*point, *xi, *eta) if k in TWO_TANGENTS else (*point, *xi)
         a = _as_tuple(fn(*args, eps=eps))
         b = _as_tuple(fn(*args, eps=eps, cache=cache))
         for x, y in zip(a, b):
