@@ -12,6 +12,10 @@ one thread): 0.2-1.0 million minor page faults and 1-5 s of system time per ~9 s
     M_MMAP_THRESHOLD = 32 MiB   (glibc's largest; requests below it come from the reusable heap)
     M_TRIM_THRESHOLD = 2 GiB    (keep up to 2 GiB of freed memory at the top of the heap)
     M_TOP_PAD        = 1 GiB    (grow the heap in large steps)
+    M_MMAP_MAX       = 0        (no mmap at all: requests above 32 MiB, e.g. BERT-base's 30522×768
+                                 word-embedding tensors of 94 MB, would otherwise be mapped fresh and
+                                 faulted in at every use whatever the threshold; measured: a 94 MB
+                                 ``a + b`` 74 ms → 14 ms, ``torch.zeros`` 58 ms → 7.5 ms)
 
 after which the steady-state iteration takes no page faults at all. Peak memory is unchanged (the
 kept memory is what the previous iteration used anyway). The setting is process-wide, so the library
@@ -25,13 +29,14 @@ import ctypes
 import ctypes.util
 import sys
 
-__all__ = ["keep_freed_memory", "MMAP_THRESHOLD", "TRIM_THRESHOLD", "TOP_PAD"]
+__all__ = ["keep_freed_memory", "MMAP_THRESHOLD", "TRIM_THRESHOLD", "TOP_PAD", "MMAP_MAX"]
 
 # mallopt parameter numbers from glibc's <malloc.h>
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -2, -3, -4
 MMAP_THRESHOLD = 32 * 1024 * 1024
 TRIM_THRESHOLD = 2**31 - 1  # mallopt takes a C int
 TOP_PAD = 1 << 30
+MMAP_MAX = 0
 
 
 def _glibc():
@@ -49,4 +54,5 @@ def keep_freed_memory() -> bool:
     """Tune glibc's allocator as described in the module docstring (idempotent); True when applied."""
     libc = _glibc()
     return libc is not None and all(libc.mallopt(param, value) == 1 for param, value in (
-        (_M_MMAP_THRESHOLD, MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, TRIM_THRESHOLD), (_M_TOP_PAD, TOP_PAD)))
+        (_M_MMAP_THRESHOLD, MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, TRIM_THRESHOLD), (_M_TOP_PAD, TOP_PAD),
+        (_M_MMAP_MAX, MMAP_MAX)))

@@ -17,8 +17,9 @@ torch.set_num_threads(1)
 if sys.argv[1] == "tuned":
     from geosharp_ref.cpu_allocator import keep_freed_memory
     assert keep_freed_memory() and keep_freed_memory()
-def cycle():  # 40 temporaries of 8 MiB alive at once, then freed: an iteration's pattern
-    xs = [torch.ones(2 * 1024 * 1024) for _ in range(40)]
+count, mib = int(sys.argv[2]), int(sys.argv[3])
+def cycle():  # `count` temporaries of `mib` MiB alive at once, then freed: an iteration's pattern
+    xs = [torch.ones(mib * 1024 * 1024 // 4) for _ in range(count)]
     return float(sum(x[0] for x in xs))
 cycle(); cycle()  # warm-up: the heap grows once
 r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -28,16 +29,19 @@ print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0))
 """
 
 
-def _faults(mode):
-    out = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, cwd=ROOT,
+def _faults(mode, count, mib):
+    out = subprocess.run([sys.executable, "-c", CHILD, mode, str(count), str(mib)], capture_output=True, text=True, cwd=ROOT,
                          env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
                          check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
 @pytest.mark.skipif(_glibc() is None, reason="glibc only")
-def test_tuned_allocator_reuses_memory_instead_of_faulting_it_in():
-    default, tuned = _faults("default"), _faults("tuned")
-    pages = 5 * 40 * 8 * 1024 * 1024 // 4096  # what five cycles touch
+@pytest.mark.parametrize("count, mib", [(40, 8), (3, 96)], ids=["below-mmap-threshold", "above-largest-threshold"])
+def test_tuned_allocator_reuses_memory_instead_of_faulting_it_in(count, mib):
+    """8 MiB blocks: reused once the mmap threshold is raised; 96 MiB blocks (BERT-base's word
+    embedding is 94 MB) lie above glibc's largest threshold (32 MiB) and need mmap switched off."""
+    default, tuned = _faults("default", count, mib), _faults("tuned", count, mib)
+    pages = 5 * count * mib * 1024 * 1024 // 4096  # what five cycles touch
     assert default > 0.5 * pages, default  # glibc's default: every cycle faults its memory in again
     assert tuned < 0.02 * pages, tuned     # tuned: the freed heap is reused
