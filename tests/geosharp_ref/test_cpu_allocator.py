@@ -44,4 +44,6 @@ def test_tuned_allocator_reuses_memory_instead_of_faulting_it_in(count, mib):
     default, tuned = _faults("default", count, mib), _faults("tuned", count, mib)
     pages = 5 * count * mib * 1024 * 1024 // 4096  # what five cycles touch
     assert default > 0.5 * pages, default  # glibc's default: every cycle faults its memory in again
-    assert tuned < 0.02 * pages, tuned     # tuned: the freed heap is reused
+    # tuned: the freed heap is reused; with 96 MiB blocks the heap may still grow once (a small
+    # allocation landing above the freed blocks): at most one of the five cycles' worth
+    assert tuned < (0.02 if mib < 32 else 0.25) * pages, tuned
