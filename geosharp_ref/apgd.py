@@ -16,7 +16,10 @@ Maximises f(ξ) over {ξ horizontal, ‖ξ‖_g ≤ ρ}. The space object suppli
   g(ξ, d) for every horizontal ξ, d = ``ascent_direction(∇)``. It holds when d = P 𝔾⁻¹∇ with P the
   g-orthogonal projection: g(ξ, P𝔾⁻¹∇) = g(ξ, 𝔾⁻¹∇) = ⟨ξ, ∇⟩_F. Then ‖d‖² = ⟨d, ∇⟩_F and
   ‖x + s d‖² = ‖x‖² + 2s⟨x, ∇⟩_F + s²‖d‖² cost one element-wise pass each instead of a metric
-  norm (for GL(h) pairs 2 n·h² products per pair); only the new iterate's norm is a metric norm.
+  norm (for GL(h) pairs 2 n·h² products per pair); only the new iterate's norm is a metric norm;
+* optionally ``space.ascent_step(xi, egrad) -> (d, ‖d‖², ⟨ξ, ∇⟩_F)`` — the three in one call, for
+  spaces whose gradient is not ∂f/∂ξ itself (:class:`geosharp_ref.sharpness.CotangentGradient`:
+  the cotangent at the perturbed weights, mapped to d without forming ∂f/∂ξ).
 
 The iteration (L2 version, step normalised in the metric):
 
@@ -105,16 +108,23 @@ def apgd_step(space, x, x_prev, g, xx, eta, rho, a):
     element-wise pairings, and only ‖x_new‖ is a metric norm), else ignored.
     Returns (x_new, ‖x_new‖² or None)."""
     pairing = getattr(space, "gradient_pairing", None)
-    d = space.ascent_direction(x, g)
+    if pairing is None:
+        d = space.ascent_direction(x, g)
+        dd = torch.as_tensor(space.inner(d, d))
+    elif hasattr(space, "ascent_step"):  # d, ‖d‖² and ⟨x, ∇⟩_F in one pass (e.g. from cotangents)
+        d, dd, xg = space.ascent_step(x, g)
+    else:
+        d = space.ascent_direction(x, g)
+        dd, xg = torch.as_tensor(pairing(d, g)), pairing(x, g)
     # normalised step η d/‖d‖ (0 when d = 0), kept on the device: no host synchronisation here
-    dd = torch.as_tensor(pairing(d, g) if pairing is not None else space.inner(d, d)).clamp_min(0)
+    dd = dd.clamp_min(0)
     dn = dd.sqrt()
     step = torch.where(dn > 0, eta / dn, torch.zeros_like(dn))
     if pairing is None:
         clip = getattr(space, "clip", space.project)
         z = clip(_lin(1.0, x, step, d), rho)
         return clip([xi + a * (zi - xi) + (1 - a) * (xi - pi) for xi, zi, pi in zip(x, z, x_prev)], rho), None
-    zz = xx + 2 * step * pairing(x, g) + step * step * dd  # ‖x + step·d‖²
+    zz = xx + 2 * step * xg + step * step * dd  # ‖x + step·d‖²
     z, _ = radial_clip(_lin(1.0, x, step, d), zz, rho)
     x_new = [xi + a * (zi - xi) + (1 - a) * (xi - pi) for xi, zi, pi in zip(x, z, x_prev)]
     return radial_clip(x_new, space.inner(x_new, x_new), rho)

@@ -18,6 +18,12 @@ VJP of the correction); ``gradient="perturbed"`` uses ∇L at the perturbed weig
 as the paper's Algorithm 1 does (drops the ξ-derivative of ½γ̈: the same ascent direction to first
 order in ξ, and no backward pass through the correction: 10 fewer n·h² products per pair).
 
+Cost (Auto-PGD's default path, :meth:`PerturbationSpace.value_and_grad`): the pair blocks E(ξ) enter
+the model as leaves, so the backward pass stops at the cotangent ū = ∂L/∂E; the ascent direction
+P 𝔾⁻¹ (∂E/∂ξ)ᵀ ū is then evaluated on block combinations Σ Bᵢ Cᵢ (:mod:`geosharp_ref.lazy_blocks`),
+reusing the forward's Gram products: per pair and iteration 8 n·h² products for E, 4 + 6 + 2 for d and
+g(d, d), 2 for the new iterate's norm (mix, exact gradient; 22 instead of 26 through autograd).
+
 Ablations (paper App. G): ``geodesic_correction=False`` uses γ_ξ(1) = θ + ξ; ``metric_norm=False``
 measures and steps the pair components in the Frobenius norm (still projected horizontally).
 
@@ -38,10 +44,11 @@ from torch.func import functional_call
 
 from .apgd import apgd, radial_clip, value_and_grad
 from .geometry import AdaptiveGeometry, gl_pair
+from .lazy_blocks import GramTable
 from .symmetry_map import symmetry_map as build_symmetry_map
 
-__all__ = ["SharpnessResult", "PerturbationSpace", "adaptive_sharpness", "geodesic_sharpness",
-           "default_loss", "model_loss", "GRADIENTS"]
+__all__ = ["SharpnessResult", "PerturbationSpace", "CotangentGradient", "adaptive_sharpness",
+           "geodesic_sharpness", "default_loss", "model_loss", "GRADIENTS"]
 
 #: how the gradient in ξ is taken (see the module doc)
 GRADIENTS = ("exact", "perturbed")
@@ -104,6 +111,22 @@ def _euclidean_pairing(xi, egrad):
     return torch.as_tensor(total)
 
 
+class CotangentGradient(list):
+    """The gradient :meth:`PerturbationSpace.value_and_grad` returns: one tensor per component of ξ.
+
+    Pair components hold the cotangent ū = ∂L/∂E at the perturbed blocks E(ξ) = θ + ξ + ½γ̈(ξ), not
+    ∂F/∂ξ = (∂E/∂ξ)ᵀ ū: the space applies (∂E/∂ξ)ᵀ (``gradient="exact"``) together with 𝔾⁻¹ and the
+    horizontal projection in :meth:`PerturbationSpace.ascent_step`, on combinations of blocks
+    (:mod:`geosharp_ref.lazy_blocks`), which is cheaper than forming ∂F/∂ξ. Adaptive components hold
+    ∂F/∂ξ. ``point`` is the ξ it was evaluated at; ``tables`` the forward pass's Gram tables, one per
+    pair bucket (Gᵀξ_G, ξ_Gᵀξ_G, … reused by the ascent step)."""
+
+    def __init__(self, items, point, tables):
+        super().__init__(items)
+        self.point = list(point)
+        self.tables = tables
+
+
 class PerturbationSpace:
     """Tangent space at θ: GL(h) pair components (per group, all heads stacked) + adaptive rest.
 
@@ -152,6 +175,9 @@ class PerturbationSpace:
         # one cache per bucket, built once and reused by every kernel call of the Auto-PGD run.
         self._caches = [self.geometry.prepare(G, H) for _, G, H, _ in self._buckets] \
             if self.geometry is not None and self.cache_factors else []
+        # the exact Gram matrices GᵀG, HᵀH (no relaxation) per bucket, seeded into the Gram tables of
+        # the cotangent path (value_and_grad / ascent_step) so no iteration recomputes them
+        self._base_grams = [(G.mT @ G, H.mT @ H) for _, G, H, _ in self._buckets] if self._caches else []
 
     #: True: always stack equal-shaped groups; False: never; None: only on non-CPU devices.
     stack_groups: Optional[bool] = None
@@ -178,28 +204,31 @@ class PerturbationSpace:
             buckets.append((idx, G, H, [g.shape[0] for g in Gs]))
         return buckets
 
+    def _bucket_args(self, idx, t):
+        """(ξ_G, ξ_H) of a bucket from a tangent list ``t`` (concatenated along heads when stacked)."""
+        if len(idx) == 1:
+            return t[2 * idx[0]], t[2 * idx[0] + 1]
+        return torch.cat([t[2 * i] for i in idx]), torch.cat([t[2 * i + 1] for i in idx])
+
+    @staticmethod
+    def _split_back(out, res, idx, sizes):
+        """Store a bucket's result ``res`` (a tensor or a tuple of tensors/tuples) per group in ``out``."""
+        if len(idx) == 1:
+            out[idx[0]] = res
+            return
+        parts = [r.split(sizes) if torch.is_tensor(r) else [x.split(sizes) for x in r] for r in res] \
+            if isinstance(res, tuple) else res.split(sizes)
+        for j, i in enumerate(idx):
+            out[i] = tuple(p[j] for p in parts) if isinstance(res, tuple) else parts[j]
+
     def _pair_map(self, fn, *tangents):
         """Apply ``fn(G, H, *per-tangent (ξ_G, ξ_H))`` bucket-wise; returns a list over groups of
         fn's outputs (split back per group)."""
         out = [None] * len(self.pairs)
         for b, (idx, G, H, sizes) in enumerate(self._buckets):
-            args = []
-            for t in tangents:
-                if len(idx) == 1:
-                    args.append((t[2 * idx[0]], t[2 * idx[0] + 1]))
-                else:
-                    args.append((torch.cat([t[2 * i] for i in idx]), torch.cat([t[2 * i + 1] for i in idx])))
+            args = [self._bucket_args(idx, t) for t in tangents]
             res = fn(G, H, *args, cache=self._caches[b]) if self._caches else fn(G, H, *args)
-            if len(idx) == 1:
-                out[idx[0]] = res
-                continue
-            parts = [r.split(sizes) if torch.is_tensor(r) else [x.split(sizes) for x in r] for r in res] \
-                if isinstance(res, tuple) else res.split(sizes)
-            for j, i in enumerate(idx):
-                if isinstance(res, tuple):
-                    out[i] = tuple(p[j] for p in parts)
-                else:
-                    out[i] = parts[j]
+            self._split_back(out, res, idx, sizes)
         return out
 
     def _check_pairs(self):
@@ -295,7 +324,10 @@ class PerturbationSpace:
         return _euclidean_pairing
 
     def ascent_direction(self, xi, egrad):
-        """Horizontal Riemannian gradient 𝔾_θ⁻¹ ∇ at the base point θ."""
+        """Horizontal Riemannian gradient P 𝔾_θ⁻¹ ∇ at the base point θ (∇ = ∂F/∂ξ, or a
+        :class:`CotangentGradient`, whose pair parts are first mapped by (∂E/∂ξ)ᵀ)."""
+        if isinstance(egrad, CotangentGradient):
+            return self.ascent_step(xi, egrad)[0]
         pg, ag = self._split(egrad)
         if self.geometry is not None and self.metric_norm:
             out = [x for pair in self._pair_map(self.geometry.riemannian_gradient, pg) for x in pair]
@@ -304,10 +336,75 @@ class PerturbationSpace:
         out += [c**2 * g for c, g in zip(self.scales, ag)]
         return self.project_horizontal(out)
 
-    # -- the perturbed model ---------------------------------------------------------------------
-    def perturbed_params(self, xi):
+    def ascent_step(self, xi, egrad):
+        """(d, ‖d‖², ⟨ξ, ∇⟩_F) with d = :meth:`ascent_direction` — what one Auto-PGD step needs
+        (:func:`geosharp_ref.apgd.apgd_step`); ‖d‖² = g(d, d) = ⟨d, ∇⟩_F and ⟨ξ, ∇⟩_F = g(ξ, d) (see
+        :attr:`gradient_pairing`).
+
+        For a :class:`CotangentGradient` the pair parts are computed per bucket on block combinations
+        (:mod:`geosharp_ref.lazy_blocks`): ∇ = (∂E/∂ξ)ᵀ ū, 𝔾⁻¹∇ and its horizontal projection run the
+        generated ``second_order_geodesic_vjp``, ``riemannian_gradient`` and ``horizontal_projection``
+        on Spans over {θ, ξ, ū}, so only d itself is formed (per pair: the VJP's 4 Gram products, 6 for
+        d, 2 for g(d, d) in place of 10 + 2 + 4 and element-wise passes); ⟨ξ, ∇⟩_F comes from the Gram
+        tables (h×h work)."""
+        if not isinstance(egrad, CotangentGradient):
+            d = self.ascent_direction(xi, egrad)
+            return d, _euclidean_pairing(d, egrad), _euclidean_pairing(xi, egrad)
         px, ax = self._split(xi)
+        pg, ag = self._split(egrad)
+        if any(a is not b for a, b in zip(px, self._split(egrad.point)[0])):
+            raise ValueError("the CotangentGradient was evaluated at a different point than the ξ given; "
+                             "pass the point it came from (Auto-PGD keeps them together)")
+        K, eps = self.geometry.kernels, self.geometry.eps
+        out = [None] * len(self.pairs)
+        dd = xd = 0.0
+        for b, (idx, G, H, sizes) in enumerate(self._buckets):
+            table, cache = egrad.tables[b], self._caches[b]
+            sG, sH, sxG, sxH = (Span_of(table, k) for k in ("G", "H", "xi_G", "xi_H"))
+            if "cot_G" not in table.blocks:  # first ascent step from this gradient
+                cG, cH = self._bucket_args(idx, pg)
+                table.block("cot_G", cG), table.block("cot_H", cH)
+            scG, scH = Span_of(table, "cot_G"), Span_of(table, "cot_H")
+            if self.gradient == "exact" and self.geodesic_correction:
+                g_G, g_H = K.second_order_geodesic_vjp(sG, sH, sxG, sxH, scG, scH, eps=eps, cache=cache)
+            else:  # ∂E/∂ξ = I (no correction) or the paper's gradient at the perturbed weights
+                g_G, g_H = scG, scH
+            r_G, r_H = K.riemannian_gradient(sG, sH, g_G, g_H, eps=eps, cache=cache)
+            d_G, d_H = K.horizontal_projection(sG, sH, r_G, r_H, eps=eps, cache=cache)
+            d_G, d_H = d_G.materialize(), d_H.materialize()
+            xd = xd + (g_G.frobenius_with_block("xi_G") + g_H.frobenius_with_block("xi_H")).sum()
+            if all(c is None for c in (*g_G.terms.values(), *g_H.terms.values())):
+                dd = dd + (d_G * table.blocks[next(iter(g_G.terms))]).sum() \
+                    + (d_H * table.blocks[next(iter(g_H.terms))]).sum()  # ⟨d, ∇⟩_F element-wise
+            else:
+                dd = dd + K.inner(G, H, d_G, d_H, d_G, d_H, eps=eps, cache=cache).sum()  # g(d, d)
+            self._split_back(out, (d_G, d_H), idx, sizes)
+        d = [x for pair in out for x in pair]
+        d_a = [p * (c**2 * g) for p, c, g in zip(self._pos, self.scales, ag)]
+        dd = dd + _euclidean_pairing(d_a, ag)
+        xd = xd + _euclidean_pairing(ax, ag)
+        return d + d_a, torch.as_tensor(dd), torch.as_tensor(xd)
+
+    # -- the perturbed model ---------------------------------------------------------------------
+    @property
+    def uses_cotangents(self):
+        """True when :meth:`value_and_grad` returns a :class:`CotangentGradient` (GL(h) pairs measured
+        in their metric with cached base-point factors: the Auto-PGD default)."""
+        return self.geometry is not None and self.metric_norm and bool(self._caches)
+
+    def _assemble(self, new_pairs, ax):
+        """θ with the pair blocks replaced by ``new_pairs`` [(G', H'), …] and ξ added to the adaptive
+        parameters (masked)."""
         params = dict(self.base)
+        for grp, (Gn, Hn) in zip(self.groups, new_pairs):
+            params = grp.insert(params, Gn, Hn)
+        for n, m, x in zip(self.adaptive_names, self.masks, ax):
+            params[n] = params[n] + (x if m is None else x * m.to(x.dtype))
+        return params
+
+    def perturbed_params(self, xi):
+        """The model's parameters at γ_ξ(1) (a new dict; differentiable in ξ)."""
+        px, ax = self._split(xi)
         if self.geometry is not None and self.geodesic_correction and self.gradient == "perturbed":
             with torch.no_grad():  # value θ + ξ + ½γ̈, derivative in ξ the identity (straight through)
                 E = self._pair_map(self.geometry.exp2, px)
@@ -317,11 +414,52 @@ class PerturbationSpace:
             new = self._pair_map(self.geometry.exp2, px)
         else:
             new = [(G + px[2 * i], H + px[2 * i + 1]) for i, (G, H) in enumerate(self.pairs)]
-        for grp, (Gn, Hn) in zip(self.groups, new):
-            params = grp.insert(params, Gn, Hn)
-        for n, m, x in zip(self.adaptive_names, self.masks, ax):
-            params[n] = params[n] + (x if m is None else x * m.to(x.dtype))
-        return params
+        return self._assemble(new, ax)
+
+    def value_and_grad(self, loss_of_params):
+        """``f_and_grad(ξ) -> (F(ξ), gradient)`` for Auto-PGD, F(ξ) = ``loss_of_params(params at γ_ξ(1))``.
+
+        With :attr:`uses_cotangents` the gradient is a :class:`CotangentGradient`: the pair blocks
+        E(ξ) are computed without autograd (generated ``second_order_geodesic`` on Spans, so the Gram
+        products Gᵀξ_G, ξ_Gᵀξ_G, … land in a table the ascent step reuses) and enter the model as
+        leaves, so the backward pass stops at ū = ∂L/∂E. Otherwise it is ∂F/∂ξ from autograd through
+        :meth:`perturbed_params` (:func:`geosharp_ref.apgd.value_and_grad`)."""
+        if not self.uses_cotangents:
+            return value_and_grad(lambda xi: loss_of_params(self.perturbed_params(xi)))
+        K, eps = self.geometry.kernels, self.geometry.eps
+
+        def f_and_grad(xi):
+            px, ax = self._split(xi)
+            new, tables = [None] * len(self.pairs), []
+            px = [x.detach() for x in px]
+            with torch.no_grad():
+                for b, (idx, G, H, sizes) in enumerate(self._buckets):
+                    xG, xH = self._bucket_args(idx, px)
+                    table = GramTable()
+                    for name, X in (("G", G), ("H", H), ("xi_G", xG), ("xi_H", xH)):
+                        table.block(name, X)
+                    for name, gram in zip(("G", "H"), self._base_grams[b]):
+                        table.seed(name, name, gram)
+                    if self.geodesic_correction:
+                        E = K.second_order_geodesic(*(Span_of(table, k) for k in ("G", "H", "xi_G", "xi_H")),
+                                                    eps=eps, cache=self._caches[b])
+                        E = tuple(e.materialize() for e in E)
+                    else:
+                        E = (G + xG, H + xH)
+                    tables.append(table)
+                    self._split_back(new, E, idx, sizes)
+            leaves = [e.requires_grad_(True) for pair in new for e in pair]
+            ax = [x.detach().requires_grad_(True) for x in ax]
+            value = loss_of_params(self._assemble(list(zip(leaves[0::2], leaves[1::2])), ax))
+            grads = torch.autograd.grad(value, leaves + ax, allow_unused=True)
+            grads = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves + ax, grads)]
+            return float(value.detach()), CotangentGradient(grads, xi, tables)
+        return f_and_grad
+
+
+def Span_of(table, name):
+    """The registered block ``name`` of ``table`` as a Span (X·I)."""
+    return table.block(name, table.blocks[name])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -396,8 +534,7 @@ def _evaluate(model, measure, batches, rho, *, metric=None, smap=None, n_iter=20
         iterator = tqdm(batches, desc=f"{measure} sharpness", unit="batch")
     try:
         for batch in iterator:
-            f_and_grad = value_and_grad(
-                lambda xi, batch=batch: model_loss(model, space.perturbed_params(xi), batch, loss_fn))
+            f_and_grad = space.value_and_grad(lambda params, batch=batch: model_loss(model, params, batch, loss_fn))
             with torch.no_grad():
                 l0 = float(model_loss(model, params, batch, loss_fn))
             res = apgd(f_and_grad, space, rho, n_iter=n_iter, random_start=random_start, generator=gen)

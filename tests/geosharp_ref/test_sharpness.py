@@ -170,6 +170,63 @@ def test_apgd_with_gradient_pairing_follows_the_metric_norm_run(metric):
 
 
 @pytest.mark.parametrize("metric", ["inv", "mix"])
+@pytest.mark.parametrize("gradient, correction", [("exact", True), ("perturbed", True), ("exact", False)])
+def test_cotangent_path_equals_the_autograd_gradient_path(metric, gradient, correction):
+    """space.value_and_grad (cotangents ū = ∂L/∂E, the ascent step on block combinations) gives the
+    value, the ascent direction d, ‖d‖² and ⟨ξ, ∇F⟩_F of the autograd path (∂F/∂ξ through
+    perturbed_params, then 𝔾⁻¹ and the projection on tensors, the pairings element-wise), float64;
+    Auto-PGD on the two visits the same iterates, random start included."""
+    from geosharp_ref.apgd import apgd, value_and_grad
+    from geosharp_ref.sharpness import CotangentGradient
+
+    model, batch, base = _tiny_space(metric)
+    smap = symmetry_map(model)
+    space = PerturbationSpace(base.base, smap.groups, smap.adaptive_masks, metric=metric, gradient=gradient,
+                              geodesic_correction=correction)
+    assert space.uses_cotangents
+    loss = lambda params: model_loss(model, params, batch)  # noqa: E731
+    gen = torch.Generator().manual_seed(5)
+    xi = space._scale_to(space.project_horizontal(
+        [torch.randn(t.shape, generator=gen, dtype=t.dtype) for t in space.zeros()]), 0.4)
+    f_c, g_c = space.value_and_grad(loss)(xi)
+    f_a, g_a = value_and_grad(lambda x: loss(space.perturbed_params(x)))(xi)
+    assert isinstance(g_c, CotangentGradient) and not isinstance(g_a, CotangentGradient)
+    assert f_c == pytest.approx(f_a, rel=1e-13)
+    d_c, dd_c, xd_c = space.ascent_step(xi, g_c)
+    d_a = space.ascent_direction(xi, g_a)
+    for a, b in zip(d_c, d_a):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert float(dd_c) == pytest.approx(float(space.inner(d_a, d_a)), rel=1e-10)
+    assert float(xd_c) == pytest.approx(float(space.gradient_pairing(xi, g_a)), rel=1e-10)
+    with pytest.raises(ValueError, match="different point"):
+        space.ascent_step(space.zeros(), g_c)
+
+    runs = [apgd(f, space, 0.5, n_iter=8, random_start=True, generator=torch.Generator().manual_seed(3))
+            for f in (space.value_and_grad(loss), value_and_grad(lambda x: loss(space.perturbed_params(x))))]
+    assert runs[0].best_value > runs[0].start_value
+    np.testing.assert_allclose(runs[0].values, runs[1].values, rtol=1e-10, atol=1e-13)
+
+
+def test_cotangent_ascent_reuses_the_forward_grams():
+    """Gram products per pair (mix): the forward E(ξ) computes Gᵀξ_G, Hᵀξ_H, ξ_Gᵀξ_G, ξ_Hᵀξ_H; the
+    exact ascent step adds only the VJP's four (Gᵀū_G, ū_Gᵀξ_G and the H side), the perturbed-weight
+    gradient only the projection's two (Gᵀū_G, ū_HᵀH); a second step from the same gradient (an
+    Auto-PGD restart) adds none."""
+    model, batch, base = _tiny_space("mix")
+    smap = symmetry_map(model)
+    loss = lambda params: model_loss(model, params, batch)  # noqa: E731
+    for gradient, after in (("exact", 8), ("perturbed", 6)):
+        space = PerturbationSpace(base.base, smap.groups, smap.adaptive_masks, metric="mix", gradient=gradient)
+        xi = space.random(0.3, torch.Generator().manual_seed(1))
+        _, g = space.value_and_grad(loss)(xi)
+        assert [t.products for t in g.tables] == [4] * len(space._buckets)
+        space.ascent_step(xi, g)
+        assert [t.products for t in g.tables] == [after] * len(space._buckets)
+        space.ascent_step(xi, g)
+        assert [t.products for t in g.tables] == [after] * len(space._buckets)
+
+
+@pytest.mark.parametrize("metric", ["inv", "mix"])
 def test_perturbed_point_gradient_is_the_weight_gradient_at_the_perturbed_weights(metric):
     """gradient="perturbed" (paper Algorithm 1): the gradient in ξ of the pair components is ∇L with
     respect to the perturbed blocks E = θ + ξ + ½γ̈(ξ) (computed here directly, E as a leaf), the
