@@ -317,8 +317,18 @@ def case_geometry(quick: bool, device, reps: int) -> dict:
     def torch_mix_cached():
         return [gl_mix.horizontal_projection(*d, cache=c) for d, c in zip(data, mix_caches)]
 
+    # the evaluator's dtype for a float32 model (the scipy loop stays float64)
+    data32 = [tuple(t.float() for t in d) for d in data]
+    inv_caches32 = [gl_inv.prepare(d[0], d[1]) for d in data32]
+
+    def torch_inv_cached_f32():
+        return [gl_inv.horizontal_projection(*d, cache=c) for d, c in zip(data32, inv_caches32)]
+
     def scipy_inv():
         return _scipy_inv_projection(data)
+
+    def scipy_inv_f32():  # numpy/scipy in float32 as well (LAPACK's single-precision routines)
+        return _scipy_inv_projection(data32)
 
     # agreement (float64)
     ref = scipy_inv()
@@ -327,27 +337,40 @@ def case_geometry(quick: bool, device, reps: int) -> dict:
         got = fn()
         err = max(err, max(float((torch.as_tensor(r[k]) - g[k].cpu()).abs().max() / g[k].abs().max())
                            for r, g in zip(ref, got) for k in (0, 1)))
+    err32 = max(float((torch.as_tensor(r[k]) - g[k].cpu().double()).abs().max() / g[k].abs().max())
+                for r, g in zip(ref, torch_inv_cached_f32()) for k in (0, 1))
     times = interleaved(dict(torch_inv=torch_inv, torch_inv_cached=torch_inv_cached,
                              torch_inv_nocache=torch_inv_nocache, scipy_inv=scipy_inv,
-                             torch_mix_cached=torch_mix_cached), reps, device)
+                             torch_mix_cached=torch_mix_cached, torch_inv_cached_f32=torch_inv_cached_f32,
+                             scipy_inv_f32=scipy_inv_f32), reps, device)
 
     # The Sylvester solve alone (S1 = HᵀH, S2 = GᵀG, C' given): what the scipy loop replaces.
     from codegen import runtime as rt
     systems = [gl_inv.sylvester_system(*d) for d in data]
     sys_np = [tuple(t.cpu().numpy() for t in sy) for sy in systems]
 
-    def scipy_solve():
+    def scipy_solve(systems_np=sys_np):
         from scipy.linalg import solve_sylvester
         out = []
-        for S1, S2, C in sys_np:
+        for S1, S2, C in systems_np:
             out.append([solve_sylvester(S1[i] @ S2[i], S1[i] @ S2[i], C[i]) for i in range(C.shape[0])])
         return out
+
+    sys_np32 = [tuple(a.astype("float32") for a in sy) for sy in sys_np]
+
+    def scipy_solve_f32():
+        return scipy_solve(sys_np32)
 
     def torch_solve():  # factorise (Cholesky + eigh) and solve
         return [rt.solve_sylvester_factored(rt.sylvester_spd_product_factors(S1, S2), C) for S1, S2, C in systems]
 
     def torch_solve_cached():
         return [rt.solve_sylvester_factored(c.sylvester, sy[2]) for c, sy in zip(inv_caches, systems)]
+
+    systems32 = [gl_inv.sylvester_system(*d) for d in data32]
+
+    def torch_solve_cached_f32():
+        return [rt.solve_sylvester_factored(c.sylvester, sy[2]) for c, sy in zip(inv_caches32, systems32)]
 
     def floor_solve():  # the four batched h×h products of the cached solve without the division
         return [c.sylvester.V @ ((c.sylvester.V_inv @ sy[2]) @ c.sylvester.V) @ c.sylvester.V_inv
@@ -359,15 +382,23 @@ def case_geometry(quick: bool, device, reps: int) -> dict:
         return [(G.mT @ xG, xH.mT @ H, G @ L, H @ L.mT) for (G, H, xG, xH), L in zip(data, lams)]
 
     ref_s = scipy_solve()
-    err_s = max(float((torch.as_tensor(__import__("numpy").stack(r)) - g.cpu()).abs().max() / g.abs().max())
-                for r, g in zip(ref_s, torch_solve_cached()))
+    def rel(got):
+        return max(float((torch.as_tensor(__import__("numpy").stack(r)) - g.cpu().double()).abs().max()
+                         / g.abs().max()) for r, g in zip(ref_s, got))
+    err_s, err_s32 = rel(torch_solve_cached()), rel(torch_solve_cached_f32())
     stimes = interleaved(dict(scipy_solve=scipy_solve, torch_solve=torch_solve,
                               torch_solve_cached=torch_solve_cached, floor_solve=floor_solve,
-                              floor_projection=floor_projection, scipy_inv=scipy_inv), reps, device)
+                              floor_projection=floor_projection, scipy_inv=scipy_inv,
+                              torch_solve_cached_f32=torch_solve_cached_f32, scipy_solve_f32=scipy_solve_f32),
+                         reps, device)
     h = data[0][0].shape[-1]
     solve_flop = 4 * pairs * 2 * h ** 3
     proj_flop = sum(4 * 2 * G.shape[0] * G.shape[1] * h * h for G, *_ in data)
     return dict(pairs=pairs, times=times, max_rel_diff=err, solve_times=stimes, solve_max_rel_diff=err_s,
+                max_rel_diff_f32=err32, solve_max_rel_diff_f32=err_s32,
+                speedup_cached_f32=ratio_stats(times["scipy_inv_f32"], times["torch_inv_cached_f32"]),
+                solve_speedup_cached_f32=ratio_stats(stimes["scipy_solve_f32"], stimes["torch_solve_cached_f32"]),
+                solve_speedup_cached_f32_vs64=ratio_stats(stimes["scipy_solve"], stimes["torch_solve_cached_f32"]),
                 solve_speedup=ratio_stats(stimes["scipy_solve"], stimes["torch_solve"]),
                 solve_speedup_cached=ratio_stats(stimes["scipy_solve"], stimes["torch_solve_cached"]),
                 solve_floor=ratio_stats(stimes["scipy_solve"], stimes["floor_solve"]),
@@ -682,7 +713,8 @@ def render(info: dict, res: dict, quick: bool, elapsed: float) -> str:
         L.append("")
     if "geometry" in res:
         r = res["geometry"]
-        L.append(f"## 2. Geometry alone: horizontal projection of {r['pairs']} pairs (float64)")
+        L.append(f"## 2. Geometry alone: horizontal projection of {r['pairs']} pairs (float64; float32 rows "
+                 "compared with scipy in float32)")
         L.append("")
         L.append("| variant | time | scipy loop / variant (≥ 50) |")
         L.append("|---|---|---|")
@@ -695,9 +727,16 @@ def render(info: dict, res: dict, quick: bool, elapsed: float) -> str:
         L.append(f"| torch inv, no cache (generic `solve_sylvester_spd_product`, validates inputs) | "
                  f"{fmt_t(t['torch_inv_nocache'])} | {fmt_ratio(r['speedup_nocache'])} |")
         L.append(f"| torch mix (explicit), factors cached | {fmt_t(t['torch_mix_cached'])} | — |")
+        if "speedup_cached_f32" in r:
+            L.append(f"| *float32 (the evaluator's dtype for a float32 model):* scipy loop in float32 | "
+                     f"{fmt_t(t['scipy_inv_f32'])} | 1 |")
+            L.append(f"| torch inv, factors cached, float32 (vs the float32 scipy loop) | "
+                     f"{fmt_t(t['torch_inv_cached_f32'])} | {fmt_ratio(r['speedup_cached_f32'])} "
+                     f"{verdict(r['speedup_cached_f32']['median'], 50, False)} |")
         L.append("")
         L.append(f"inv/mix (both cached): {fmt_ratio(r['inv_over_mix'])}; max rel. diff torch vs scipy: "
-                 f"{r['max_rel_diff']:.1e}")
+                 f"{r['max_rel_diff']:.1e}" + (f" (float32 row: {r['max_rel_diff_f32']:.1e})"
+                                               if "max_rel_diff_f32" in r else ""))
         L.append("")
         if "solve_times" in r:
             st_ = r["solve_times"]
@@ -715,8 +754,15 @@ def render(info: dict, res: dict, quick: bool, elapsed: float) -> str:
             if "solve_floor" in r:
                 L.append(f"| floor: the 4 batched h×h products alone (no division) | "
                          f"{fmt_t(st_['floor_solve'])} | {fmt_ratio(r['solve_floor'])} |")
+            if "solve_speedup_cached_f32" in r:
+                L.append(f"| *float32:* scipy loop in float32 | {fmt_t(st_['scipy_solve_f32'])} | 1 |")
+                L.append(f"| torch batched, factors cached, float32 (vs the float32 scipy loop; vs the float64 "
+                         f"loop: {fmt_ratio(r['solve_speedup_cached_f32_vs64'])}) | "
+                         f"{fmt_t(st_['torch_solve_cached_f32'])} | {fmt_ratio(r['solve_speedup_cached_f32'])} "
+                         f"{verdict(r['solve_speedup_cached_f32']['median'], 50, False)} |")
             L.append("")
-            L.append(f"max rel. diff torch vs scipy: {r['solve_max_rel_diff']:.1e}")
+            L.append(f"max rel. diff torch vs scipy: {r['solve_max_rel_diff']:.1e}"
+                     + (f" (float32 row: {r['solve_max_rel_diff_f32']:.1e})" if "solve_max_rel_diff_f32" in r else ""))
             L.append("")
             if "projection_floor" in r:
                 gf = r["gemm_gflops"]
