@@ -155,16 +155,18 @@ class PerturbationSpace:
         masks = adaptive_masks if adaptive_masks is not None else {n: None for n in params}
         self.adaptive_names = [n for n in masks if n not in exclude and params[n].is_floating_point()]
         self.masks = [masks[n] for n in self.adaptive_names]
-        self.scales = []
+        # Per-space caches (they depend on the base point only): c² (the adaptive Riemannian gradient
+        # is c² ⊙ ∇, one pass; c itself is only needed for a random start), the movable mask c > 0
+        # and the adaptive metric's weight w = 1/c² on movable coordinates, 0 elsewhere, so
+        # inner/projection do not rebuild them per call; the adaptive part of g(ξ, η) is then one
+        # product and one dot per tensor, Σ ⟨ξ ⊙ w, η⟩.
+        self._scale2 = []
         for n, m in zip(self.adaptive_names, self.masks):
             c = self.adaptive.scale(params[n])
-            self.scales.append(c if m is None else c * m.to(c.dtype))
-        # Per-space caches (they depend on the base point only): the movable mask c > 0 and the
-        # adaptive metric's weight w = 1/c² on movable coordinates, 0 elsewhere, so inner/projection
-        # do not rebuild them per call; the adaptive part of g(ξ, η) is then one product and one dot
-        # per tensor, Σ ⟨ξ ⊙ w, η⟩.
-        self._pos = [c > 0 for c in self.scales]
-        self._inv_scale2 = [torch.where(p, c, torch.inf) ** -2 for p, c in zip(self._pos, self.scales)]  # inf⁻² = 0
+            c = c if m is None else c * m.to(c.dtype)
+            self._scale2.append(c * c)
+        self._pos = [c2 > 0 for c2 in self._scale2]
+        self._inv_scale2 = [torch.where(p, c2, torch.inf).reciprocal() for p, c2 in zip(self._pos, self._scale2)]
         # Groups whose (G, H) share shapes/dtype/device are stacked along the head dimension so each
         # generated kernel runs once per bucket instead of once per layer (pays off on GPUs, where
         # the per-call launch overhead dominates; on CPU the concatenation copies cost about what the
@@ -178,6 +180,11 @@ class PerturbationSpace:
         # the exact Gram matrices GᵀG, HᵀH (no relaxation) per bucket, seeded into the Gram tables of
         # the cotangent path (value_and_grad / ascent_step) so no iteration recomputes them
         self._base_grams = [(G.mT @ G, H.mT @ H) for _, G, H, _ in self._buckets] if self._caches else []
+
+    @property
+    def scales(self):
+        """The adaptive scales c = |θ| (+ offset, masked), one tensor per adaptive parameter."""
+        return [c2.sqrt() for c2 in self._scale2]
 
     #: True: always stack equal-shaped groups; False: never; None: only on non-CPU devices.
     stack_groups: Optional[bool] = None
@@ -333,8 +340,8 @@ class PerturbationSpace:
             out = [x for pair in self._pair_map(self.geometry.riemannian_gradient, pg) for x in pair]
         else:
             out = list(pg)
-        out += [c**2 * g for c, g in zip(self.scales, ag)]
-        return self.project_horizontal(out)
+        out = self.project_horizontal(out)  # the pair components only
+        return out + [c2 * g for c2, g in zip(self._scale2, ag)]  # c² = 0 on immovable coordinates
 
     def ascent_step(self, xi, egrad):
         """(d, ‖d‖², ⟨ξ, ∇⟩_F) with d = :meth:`ascent_direction` — what one Auto-PGD step needs
@@ -380,7 +387,7 @@ class PerturbationSpace:
                 dd = dd + K.inner(G, H, d_G, d_H, d_G, d_H, eps=eps, cache=cache).sum()  # g(d, d)
             self._split_back(out, (d_G, d_H), idx, sizes)
         d = [x for pair in out for x in pair]
-        d_a = [p * (c**2 * g) for p, c, g in zip(self._pos, self.scales, ag)]
+        d_a = [c2 * g for c2, g in zip(self._scale2, ag)]  # c² = 0 on immovable coordinates
         dd = dd + _euclidean_pairing(d_a, ag)
         xd = xd + _euclidean_pairing(ax, ag)
         return d + d_a, torch.as_tensor(dd), torch.as_tensor(xd)
