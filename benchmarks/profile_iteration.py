@@ -35,13 +35,15 @@ def main(argv=None):
     model, batch = make_model(a.model, a.quick, batch=8 if not a.quick else 2)
     space, fg, x, rho = _iteration_setup(model, batch, a.measure)
     _, g = fg(x)
-    xx = space.inner(x, x)
+    state = [x, g, space.inner(x, x)]
 
-    def step():
+    def step():  # advances the iterate: every step starts from a gradient no step has used yet
+        x, g, xx = state
         with record_function("geometry"):
-            x_new, _ = apgd_step(space, x, x, g, xx, 2.0 * rho, rho, 0.75)
+            x_new, xx_new = apgd_step(space, x, x, g, xx, 2.0 * rho, rho, 0.75)
         with record_function("forward_backward"):
-            fg(x_new)
+            _, g_new = fg(x_new)
+        state[:] = [x_new, g_new, xx_new]
 
     step()  # warm
     t = time.perf_counter()

@@ -189,17 +189,21 @@ def _iteration_setup(model, batch, measure, rho=0.05, seed=0):
 
 
 def _one_iteration(state, split):
-    """The body of one ``apgd`` iteration (second iteration: momentum 0.75), timed in two parts:
-    the geometry (:func:`geosharp_ref.apgd.apgd_step`: ascent direction, step norms, two radial
-    clips) and the forward + backward through the perturbed model."""
+    """The body of one ``apgd`` iteration (momentum 0.75), timed in two parts: the geometry
+    (:func:`geosharp_ref.apgd.apgd_step`: ascent direction, step norms, two radial clips) and the
+    forward + backward through the perturbed model. ``state`` = [space, f_and_grad, x, ρ, g, ‖x‖²]
+    advances to the new iterate, so every call starts from a gradient no step has used yet (as in
+    Auto-PGD: the cotangent path memoises its Gram products per gradient, and a repeated step from
+    the same gradient would skip them)."""
     from geosharp_ref.apgd import apgd_step
     space, f_and_grad, x, rho, g, xx = state  # ‖x‖² is known to Auto-PGD from the previous step
     t0 = time.perf_counter()
-    x_new, _ = apgd_step(space, x, x, g, xx, 2.0 * rho, rho, 0.75)
+    x_new, xx_new = apgd_step(space, x, x, g, xx, 2.0 * rho, rho, 0.75)
     _sync(x_new[0].device)
     t1 = time.perf_counter()
-    f_and_grad(x_new)
+    _, g_new = f_and_grad(x_new)
     split.append(t1 - t0)
+    state[2], state[4], state[5] = x_new, g_new, xx_new
 
 
 def _flop_counter():
@@ -225,7 +229,7 @@ def case_iteration(quick: bool, device, reps: int) -> dict:
         for m in measures:
             space, fg, x, rho = _iteration_setup(model, batch, m)
             _, g = fg(x)
-            states[m] = (space, fg, x, rho, g, space.inner(x, x))
+            states[m] = [space, fg, x, rho, g, space.inner(x, x)]
             splits[m] = []
         fns = {m: (lambda m=m: _one_iteration(states[m], splits[m])) for m in measures}
         cpu = {}

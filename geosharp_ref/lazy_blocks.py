@@ -74,8 +74,6 @@ def _eye_like(span):
 class Span:
     """X = Σᵢ Bᵢ Cᵢ over the blocks of one :class:`GramTable` (see the module doc)."""
 
-    __array_priority__ = 1000  # let our __rmatmul__/__radd__ win over tensors' own operators
-
     def __init__(self, table: GramTable, terms: dict, shape, dtype, device):
         self.table, self.terms = table, terms
         self.shape, self.dtype, self.device = torch.Size(shape), dtype, device

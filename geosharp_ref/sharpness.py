@@ -367,12 +367,13 @@ class PerturbationSpace:
         dd = xd = 0.0
         for b, (idx, G, H, sizes) in enumerate(self._buckets):
             table, cache = egrad.tables[b], self._caches[b]
-            sG, sH, sxG, sxH = (Span_of(table, k) for k in ("G", "H", "xi_G", "xi_H"))
+            sG, sH, sxG, sxH = (_span_of(table, k) for k in ("G", "H", "xi_G", "xi_H"))
             if "cot_G" not in table.blocks:  # first ascent step from this gradient
                 cG, cH = self._bucket_args(idx, pg)
                 table.block("cot_G", cG), table.block("cot_H", cH)
-            scG, scH = Span_of(table, "cot_G"), Span_of(table, "cot_H")
-            if self.gradient == "exact" and self.geodesic_correction:
+            scG, scH = _span_of(table, "cot_G"), _span_of(table, "cot_H")
+            vjp = self.gradient == "exact" and self.geodesic_correction
+            if vjp:
                 g_G, g_H = K.second_order_geodesic_vjp(sG, sH, sxG, sxH, scG, scH, eps=eps, cache=cache)
             else:  # ∂E/∂ξ = I (no correction) or the paper's gradient at the perturbed weights
                 g_G, g_H = scG, scH
@@ -380,11 +381,10 @@ class PerturbationSpace:
             d_G, d_H = K.horizontal_projection(sG, sH, r_G, r_H, eps=eps, cache=cache)
             d_G, d_H = d_G.materialize(), d_H.materialize()
             xd = xd + (g_G.frobenius_with_block("xi_G") + g_H.frobenius_with_block("xi_H")).sum()
-            if all(c is None for c in (*g_G.terms.values(), *g_H.terms.values())):
-                dd = dd + (d_G * table.blocks[next(iter(g_G.terms))]).sum() \
-                    + (d_H * table.blocks[next(iter(g_H.terms))]).sum()  # ⟨d, ∇⟩_F element-wise
-            else:
-                dd = dd + K.inner(G, H, d_G, d_H, d_G, d_H, eps=eps, cache=cache).sum()  # g(d, d)
+            if vjp:  # g(d, d): ∇ is not formed
+                dd = dd + K.inner(G, H, d_G, d_H, d_G, d_H, eps=eps, cache=cache).sum()
+            else:  # ⟨d, ∇⟩_F with ∇ = ū, element-wise
+                dd = dd + (d_G * table.blocks["cot_G"]).sum() + (d_H * table.blocks["cot_H"]).sum()
             self._split_back(out, (d_G, d_H), idx, sizes)
         d = [x for pair in out for x in pair]
         d_a = [c2 * g for c2, g in zip(self._scale2, ag)]  # c² = 0 on immovable coordinates
@@ -448,7 +448,7 @@ class PerturbationSpace:
                     for name, gram in zip(("G", "H"), self._base_grams[b]):
                         table.seed(name, name, gram)
                     if self.geodesic_correction:
-                        E = K.second_order_geodesic(*(Span_of(table, k) for k in ("G", "H", "xi_G", "xi_H")),
+                        E = K.second_order_geodesic(*(_span_of(table, k) for k in ("G", "H", "xi_G", "xi_H")),
                                                     eps=eps, cache=self._caches[b])
                         E = tuple(e.materialize() for e in E)
                     else:
@@ -464,7 +464,7 @@ class PerturbationSpace:
         return f_and_grad
 
 
-def Span_of(table, name):
+def _span_of(table, name):
     """The registered block ``name`` of ``table`` as a Span (X·I)."""
     return table.block(name, table.blocks[name])
 

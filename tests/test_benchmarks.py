@@ -57,3 +57,18 @@ def test_stacked_groups_match_per_group_path():
     for metric in ("inv", "mix"):
         a, b = out[False, metric], out[True, metric]
         assert abs(a[0] - b[0]) <= 1e-12 * max(1.0, abs(a[0])) and abs(a[1] - b[1]) <= 1e-12
+
+
+def test_flop_counter_counts_in_place_accumulated_products():
+    """The runner's matmul-work column counts ``baddbmm_`` (Span.materialize accumulates products in
+    place; torch's FlopCounterMode registers only the out-of-place op) exactly like ``bmm``."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "benchmarks" / "run.py")
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    a, b, c = torch.randn(3, 5, 4), torch.randn(3, 4, 6), torch.zeros(3, 5, 6)
+    with run._flop_counter() as fc:
+        c.baddbmm_(a, b)
+    with run._flop_counter() as ref:
+        torch.bmm(a, b)
+    assert fc.get_total_flops() == ref.get_total_flops() == 2 * 3 * 5 * 4 * 6
