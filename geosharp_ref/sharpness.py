@@ -105,6 +105,9 @@ def _check_finite_batch(batch, i):
 
 def _euclidean_pairing(xi, egrad):
     """Σ ⟨ξ, ∇⟩_F over a list of tensors (a 0-dim tensor)."""
+    if isinstance(egrad, CotangentGradient):
+        raise TypeError("a CotangentGradient holds cotangents at the perturbed weights, not ∂F/∂ξ; use "
+                        "PerturbationSpace.ascent_step(xi, grad), which returns ⟨ξ, ∂F/∂ξ⟩_F")
     total = 0.0
     for x, g in zip(xi, egrad):
         total = total + torch.dot(x.reshape(-1), g.reshape(-1).to(x.dtype))

@@ -200,6 +200,8 @@ def test_cotangent_path_equals_the_autograd_gradient_path(metric, gradient, corr
     assert float(xd_c) == pytest.approx(float(space.gradient_pairing(xi, g_a)), rel=1e-10)
     with pytest.raises(ValueError, match="different point"):
         space.ascent_step(space.zeros(), g_c)
+    with pytest.raises(TypeError, match="ascent_step"):
+        space.gradient_pairing(xi, g_c)
 
     runs = [apgd(f, space, 0.5, n_iter=8, random_start=True, generator=torch.Generator().manual_seed(3))
             for f in (space.value_and_grad(loss), value_and_grad(lambda x: loss(space.perturbed_params(x))))]
