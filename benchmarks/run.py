@@ -303,6 +303,8 @@ def case_geometry(quick: bool, device, reps: int) -> dict:
     """inv projection: batched torch (a) including the per-base-point factorisation (``prepare`` +
     cached projection, what one isolated call costs) and (b) with the factors cached (amortised over
     an Auto-PGD run: only the projection), vs a scipy.linalg.solve_sylvester loop; vs mix."""
+    import numpy as np
+
     from codegen.generated import gl_inv, gl_mix
     data = _pair_data(quick, device=device)
     pairs = sum(d[0].shape[0] for d in data)
@@ -312,8 +314,8 @@ def case_geometry(quick: bool, device, reps: int) -> dict:
     def torch_inv():  # one isolated call: factorise, then project
         return [gl_inv.horizontal_projection(*d, cache=gl_inv.prepare(d[0], d[1])) for d in data]
 
-    def torch_inv_cached():
-        return [gl_inv.horizontal_projection(*d, cache=c) for d, c in zip(data, inv_caches)]
+    def torch_inv_cached(data=data, caches=inv_caches):
+        return [gl_inv.horizontal_projection(*d, cache=c) for d, c in zip(data, caches)]
 
     def torch_inv_nocache():  # the generic path: solve_sylvester_spd_product (factorises inside)
         return [gl_inv.horizontal_projection(*d) for d in data]
@@ -321,28 +323,27 @@ def case_geometry(quick: bool, device, reps: int) -> dict:
     def torch_mix_cached():
         return [gl_mix.horizontal_projection(*d, cache=c) for d, c in zip(data, mix_caches)]
 
-    # the evaluator's dtype for a float32 model (the scipy loop stays float64)
+    # the evaluator's dtype for a float32 model, against numpy/scipy in float32 as well
     data32 = [tuple(t.float() for t in d) for d in data]
     inv_caches32 = [gl_inv.prepare(d[0], d[1]) for d in data32]
 
     def torch_inv_cached_f32():
-        return [gl_inv.horizontal_projection(*d, cache=c) for d, c in zip(data32, inv_caches32)]
+        return torch_inv_cached(data32, inv_caches32)
 
-    def scipy_inv():
+    def scipy_inv(data=data):
         return _scipy_inv_projection(data)
 
-    def scipy_inv_f32():  # numpy/scipy in float32 as well (LAPACK's single-precision routines)
-        return _scipy_inv_projection(data32)
+    def scipy_inv_f32():  # LAPACK's single-precision routines
+        return scipy_inv(data32)
 
-    # agreement (float64)
+    # agreement with the float64 scipy loop
     ref = scipy_inv()
-    err = 0.0
-    for fn in (torch_inv, torch_inv_cached, torch_inv_nocache):
-        got = fn()
-        err = max(err, max(float((torch.as_tensor(r[k]) - g[k].cpu()).abs().max() / g[k].abs().max())
-                           for r, g in zip(ref, got) for k in (0, 1)))
-    err32 = max(float((torch.as_tensor(r[k]) - g[k].cpu().double()).abs().max() / g[k].abs().max())
-                for r, g in zip(ref, torch_inv_cached_f32()) for k in (0, 1))
+
+    def rel_proj(got):
+        return max(float((torch.as_tensor(r[k]) - g[k].cpu().double()).abs().max() / g[k].abs().max())
+                   for r, g in zip(ref, got) for k in (0, 1))
+    err = max(rel_proj(fn()) for fn in (torch_inv, torch_inv_cached, torch_inv_nocache))
+    err32 = rel_proj(torch_inv_cached_f32())
     times = interleaved(dict(torch_inv=torch_inv, torch_inv_cached=torch_inv_cached,
                              torch_inv_nocache=torch_inv_nocache, scipy_inv=scipy_inv,
                              torch_mix_cached=torch_mix_cached, torch_inv_cached_f32=torch_inv_cached_f32,
@@ -368,13 +369,13 @@ def case_geometry(quick: bool, device, reps: int) -> dict:
     def torch_solve():  # factorise (Cholesky + eigh) and solve
         return [rt.solve_sylvester_factored(rt.sylvester_spd_product_factors(S1, S2), C) for S1, S2, C in systems]
 
-    def torch_solve_cached():
-        return [rt.solve_sylvester_factored(c.sylvester, sy[2]) for c, sy in zip(inv_caches, systems)]
+    def torch_solve_cached(caches=inv_caches, systems=systems):
+        return [rt.solve_sylvester_factored(c.sylvester, sy[2]) for c, sy in zip(caches, systems)]
 
     systems32 = [gl_inv.sylvester_system(*d) for d in data32]
 
     def torch_solve_cached_f32():
-        return [rt.solve_sylvester_factored(c.sylvester, sy[2]) for c, sy in zip(inv_caches32, systems32)]
+        return torch_solve_cached(inv_caches32, systems32)
 
     def floor_solve():  # the four batched h×h products of the cached solve without the division
         return [c.sylvester.V @ ((c.sylvester.V_inv @ sy[2]) @ c.sylvester.V) @ c.sylvester.V_inv
@@ -386,9 +387,10 @@ def case_geometry(quick: bool, device, reps: int) -> dict:
         return [(G.mT @ xG, xH.mT @ H, G @ L, H @ L.mT) for (G, H, xG, xH), L in zip(data, lams)]
 
     ref_s = scipy_solve()
+
     def rel(got):
-        return max(float((torch.as_tensor(__import__("numpy").stack(r)) - g.cpu().double()).abs().max()
-                         / g.abs().max()) for r, g in zip(ref_s, got))
+        return max(float((torch.as_tensor(np.stack(r)) - g.cpu().double()).abs().max() / g.abs().max())
+                   for r, g in zip(ref_s, got))
     err_s, err_s32 = rel(torch_solve_cached()), rel(torch_solve_cached_f32())
     stimes = interleaved(dict(scipy_solve=scipy_solve, torch_solve=torch_solve,
                               torch_solve_cached=torch_solve_cached, floor_solve=floor_solve,

@@ -43,6 +43,11 @@ class GramTable:
         if name in self.blocks and self.blocks[name] is not X:
             raise ValueError(f"block {name!r} is already registered with a different tensor")
         self.blocks[name] = X
+        return self.span(name)
+
+    def span(self, name: str) -> "Span":
+        """The registered block ``name`` as the Span X·I."""
+        X = self.blocks[name]
         return Span(self, {name: None}, X.shape, X.dtype, X.device)
 
     def seed(self, a: str, b: str, value: torch.Tensor) -> None:

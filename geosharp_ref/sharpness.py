@@ -370,11 +370,11 @@ class PerturbationSpace:
         dd = xd = 0.0
         for b, (idx, G, H, sizes) in enumerate(self._buckets):
             table, cache = egrad.tables[b], self._caches[b]
-            sG, sH, sxG, sxH = (_span_of(table, k) for k in ("G", "H", "xi_G", "xi_H"))
+            sG, sH, sxG, sxH = (table.span(k) for k in ("G", "H", "xi_G", "xi_H"))
             if "cot_G" not in table.blocks:  # first ascent step from this gradient
                 cG, cH = self._bucket_args(idx, pg)
                 table.block("cot_G", cG), table.block("cot_H", cH)
-            scG, scH = _span_of(table, "cot_G"), _span_of(table, "cot_H")
+            scG, scH = table.span("cot_G"), table.span("cot_H")
             vjp = self.gradient == "exact" and self.geodesic_correction
             if vjp:
                 g_G, g_H = K.second_order_geodesic_vjp(sG, sH, sxG, sxH, scG, scH, eps=eps, cache=cache)
@@ -451,25 +451,19 @@ class PerturbationSpace:
                     for name, gram in zip(("G", "H"), self._base_grams[b]):
                         table.seed(name, name, gram)
                     if self.geodesic_correction:
-                        E = K.second_order_geodesic(*(_span_of(table, k) for k in ("G", "H", "xi_G", "xi_H")),
+                        E = K.second_order_geodesic(*(table.span(k) for k in ("G", "H", "xi_G", "xi_H")),
                                                     eps=eps, cache=self._caches[b])
                         E = tuple(e.materialize() for e in E)
                     else:
                         E = (G + xG, H + xH)
                     tables.append(table)
                     self._split_back(new, E, idx, sizes)
-            leaves = [e.requires_grad_(True) for pair in new for e in pair]
-            ax = [x.detach().requires_grad_(True) for x in ax]
-            value = loss_of_params(self._assemble(list(zip(leaves[0::2], leaves[1::2])), ax))
-            grads = torch.autograd.grad(value, leaves + ax, allow_unused=True)
-            grads = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves + ax, grads)]
-            return float(value.detach()), CotangentGradient(grads, xi, tables)
+            k = 2 * len(self.pairs)
+            value, grads = value_and_grad(  # autograd stops at the blocks E (leaves) and ξ_adaptive
+                lambda v: loss_of_params(self._assemble(list(zip(v[0:k:2], v[1:k:2])), v[k:])))(
+                [e for pair in new for e in pair] + list(ax))
+            return value, CotangentGradient(grads, xi, tables)
         return f_and_grad
-
-
-def _span_of(table, name):
-    """The registered block ``name`` of ``table`` as a Span (X·I)."""
-    return table.block(name, table.blocks[name])
 
 
 # ------------------------------------------------------------------------------------------------
