@@ -51,28 +51,31 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def interleaved(fns: dict, reps: int, device=torch.device("cpu"), warmup: int = 1, cpu_times: dict | None = None) -> dict:
-    """Time each callable ``reps`` times, interleaved (rotating order); returns name -> [seconds] of wall
-    time. With a dict ``cpu_times``, also fills it with name -> [seconds] of this process's CPU time
-    (time.process_time: excludes the time the process waits while other tenants run)."""
+def interleaved(fns: dict, reps: int, device=torch.device("cpu"), warmup: int = 1, resources: bool = False):
+    """Time each callable ``reps`` times after ``warmup`` untimed rounds, interleaved (rotating order);
+    returns name -> [seconds] of wall time. With ``resources``, returns (wall, cpu, faults): also
+    name -> [seconds] of this process's CPU time (time.process_time: excludes the time the process
+    waits while other tenants run) and name -> [minor page faults] (getrusage: pages the kernel had to
+    map and zero during the call, e.g. while the heap still grows)."""
+    def minflt():
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
     names = list(fns)
     for _ in range(warmup):
         for n in names:
             fns[n]()
-    times = {n: [] for n in names}
-    if cpu_times is not None:
-        cpu_times.update({n: [] for n in names})
+    times, cpu, faults = ({n: [] for n in names} for _ in range(3))
     for r in range(reps):
         order = names[r % len(names):] + names[:r % len(names)]
         for n in order:
             _sync(device)
-            c, t = time.process_time(), time.perf_counter()
+            f, c, t = minflt(), time.process_time(), time.perf_counter()
             fns[n]()
             _sync(device)
             times[n].append(time.perf_counter() - t)
-            if cpu_times is not None:
-                cpu_times[n].append(time.process_time() - c)
-    return times
+            cpu[n].append(time.process_time() - c)
+            faults[n].append(minflt() - f)
+    return (times, cpu, faults) if resources else times
 
 
 def ratio_stats(num: list, den: list) -> dict:
@@ -87,6 +90,12 @@ def ratio_stats(num: list, den: list) -> dict:
 
 def fmt_ratio(s: dict) -> str:
     return f"{s['median']:.3f} [{s['lo']:.3f}–{s['hi']:.3f}]"
+
+
+def _fmt_faults(faults):
+    if not faults:
+        return "—"
+    return " / ".join(f"{statistics.median(faults[m]):.0f}" for m in ("adaptive", "geodesic-mix", "geodesic-inv"))
 
 
 def _fmt_flops(f) -> str:
@@ -218,6 +227,10 @@ def _flop_counter():
     return FlopCounterMode(display=False, custom_mapping={torch.ops.aten.baddbmm_: baddbmm_flops})
 
 
+#: untimed Auto-PGD iterations per measure before the timed ones (case 1)
+ITERATION_WARMUP = 4
+
+
 def case_iteration(quick: bool, device, reps: int) -> dict:
     out = {}
     measures = ["adaptive", "geodesic-mix", "geodesic-inv", "geodesic-mix-perturbed"]
@@ -232,8 +245,10 @@ def case_iteration(quick: bool, device, reps: int) -> dict:
             states[m] = [space, fg, x, rho, g, space.inner(x, x)]
             splits[m] = []
         fns = {m: (lambda m=m: _one_iteration(states[m], splits[m])) for m in measures}
-        cpu = {}
-        times = interleaved(fns, reps, device, warmup=0, cpu_times=cpu)
+        # untimed iterations first, as the start of any Auto-PGD run: until the heap has grown to its
+        # steady size, an iteration page-faults hundreds of MB in (about 1 s of system time on BERT-base)
+        times, cpu, faults = interleaved(fns, reps, device, warmup=0 if quick else ITERATION_WARMUP,
+                                         resources=True)
         geo = {m: splits[m][-reps:] for m in measures}
         flops = {}
         for m in measures:  # matrix-product work of one iteration: deterministic, unlike the times
@@ -249,6 +264,7 @@ def case_iteration(quick: bool, device, reps: int) -> dict:
             inv=ratio_stats(times["geodesic-inv"], times["adaptive"]),
             mix_perturbed=ratio_stats(times["geodesic-mix-perturbed"], times["adaptive"]),
             cpu_times=cpu,
+            page_faults=faults,
             cpu={k: ratio_stats(cpu[m], cpu["adaptive"]) for k, m in
                  (("mix", "geodesic-mix"), ("inv", "geodesic-inv"), ("mix_perturbed", "geodesic-mix-perturbed"))},
         )
@@ -677,8 +693,9 @@ def render(info: dict, res: dict, quick: bool, elapsed: float) -> str:
         L.append("")
         L.append("| model | params | adaptive | geodesic-mix | geodesic-inv | mix/adaptive (≤ 1.10) | "
                  "mix, best-of | mix, by CPU time | inv/adaptive (≤ 1.25) | inv, best-of | inv, by CPU time | "
-                 "geometry-step time a / mix / inv | matmul GFLOP a / mix / inv (ratios) |")
-        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+                 "geometry-step time a / mix / inv | matmul GFLOP a / mix / inv (ratios) | "
+                 "page faults per iteration a / mix / inv |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for kind, r in res["iteration"].items():
             name = MODEL_NAMES[kind]
             t, gm = r["times"], r["geometry"]
@@ -691,7 +708,7 @@ def render(info: dict, res: dict, quick: bool, elapsed: float) -> str:
                      f"{r['inv']['best']:.3f} {verdict(r['inv']['best'], 1.25)} | "
                      f"{fmt_ratio(r['cpu']['inv'])} {verdict(r['cpu']['inv']['median'], 1.25)} | "
                      f"{fmt_t(gm['adaptive'])} / {fmt_t(gm['geodesic-mix'])} / {fmt_t(gm['geodesic-inv'])} | "
-                     + _fmt_flops(r.get("flops")) + " |")
+                     + _fmt_flops(r.get("flops")) + " | " + _fmt_faults(r.get("page_faults")) + " |")
         L.append("")
         L.append("With the gradient at the perturbed weights (`gradient=\"perturbed\"`, the paper's Algorithm 1: "
                  "no backward pass through the ½γ̈ correction):")
@@ -715,7 +732,10 @@ def render(info: dict, res: dict, quick: bool, elapsed: float) -> str:
                  "ratios; best-of: ratio of the minimum times (other tenants of a shared machine only add "
                  "time, so this estimates the ratio of the intrinsic costs); by CPU time: the same per-repetition ratios of the process's CPU time (time the process waited while other tenants ran is not counted; slowdowns from shared caches and memory bandwidth are). Matmul GFLOP: the matrix products of one "
                  "iteration counted by `torch.utils.flop_counter` (element-wise work not included), with "
-                 "mix/adaptive and inv/adaptive ratios.")
+                 "mix/adaptive and inv/adaptive ratios. Every measure first runs "
+                 f"{ITERATION_WARMUP} untimed iterations (as an Auto-PGD run does before its steady state: "
+                 "the process heap grows to its working size, page-faulting fresh memory in); page faults: "
+                 "median minor page faults per timed iteration (0: steady state, nothing mapped anew).")
         L.append("")
     if "geometry" in res:
         r = res["geometry"]

@@ -19,12 +19,17 @@ Maximises f(ξ) over {ξ horizontal, ‖ξ‖_g ≤ ρ}. The space object suppli
   norm (for GL(h) pairs 2 n·h² products per pair); only the new iterate's norm is a metric norm;
 * optionally ``space.ascent_step(xi, egrad) -> (d, ‖d‖², ⟨ξ, ∇⟩_F)`` — the three in one call, for
   spaces whose gradient is not ∂f/∂ξ itself (:class:`geosharp_ref.sharpness.CotangentGradient`:
-  the cotangent at the perturbed weights, mapped to d without forming ∂f/∂ξ).
+  the cotangent at the perturbed weights, mapped to d without forming ∂f/∂ξ);
+* optionally ``space.lincomb([(c₁, ξ₁), …])`` — Σ cᵢ ξᵢ (default :func:`lincomb`: one pass per term),
+  e.g. to carry per-vector data such as Gram products (:class:`geosharp_ref.sharpness.Iterate`).
 
 The iteration (L2 version, step normalised in the metric):
 
     z = P(x_k + η d_k / ‖d_k‖_g)
     x_{k+1} = P(x_k + α (z − x_k) + (1 − α)(x_k − x_{k−1})),   α = 0.75 (α = 1 on the first step)
+
+(with the pairing, z = s (x_k + t d_k) for the radial factor s, so x_{k+1} before its clip is the single
+combination (2 − 2α + α s) x_k + α s t d_k − (1 − α) x_{k−1}; z itself is never formed)
 
 with initial η = 2ρ. At checkpoints w_j = ⌈p_j N⌉, p₀ = 0, p₁ = 0.22,
 p_{j+1} = p_j + max(p_j − p_{j−1} − 0.03, 0.06), the step is halved and the iterate restarts from
@@ -43,7 +48,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["apgd_checkpoints", "apgd", "APGDResult", "value_and_grad", "radial_clip", "apgd_step"]
+__all__ = ["apgd_checkpoints", "apgd", "APGDResult", "value_and_grad", "radial_clip", "apgd_step", "lincomb",
+           "combine"]
 
 
 def value_and_grad(objective):
@@ -79,23 +85,53 @@ def _lin(a, x, b, y):
     return [a * xi + b * yi for xi, yi in zip(x, y)]
 
 
+def combine(terms):
+    """Σᵢ cᵢ vᵢ for one tensor per term, ``terms`` = [(cᵢ, vᵢ)], cᵢ a number or a 0-d tensor (kept on
+    the device: no synchronisation): one new tensor, the other terms accumulated into it in place."""
+    (c0, v0), *rest = terms
+    out = v0 * c0
+    for c, v in rest:
+        if torch.is_tensor(c):
+            out.addcmul_(v, c)
+        else:
+            out.add_(v, alpha=c)
+    return out
+
+
+def lincomb(terms):
+    """Σᵢ cᵢ ξᵢ for tangent vectors (lists of tensors), ``terms`` = [(cᵢ, ξᵢ)]: one pass per term and
+    one new tensor per entry (spaces may supply their own ``lincomb``, e.g. to carry Gram products)."""
+    return [combine([(c, v[j]) for c, v in terms]) for j in range(len(terms[0][1]))]
+
+
+def _clip_factor(sq_norm, rho, on_device):
+    """(s, s²‖ξ‖²) with s = min(1, ρ/‖ξ‖); s is None for ξ inside the ball on the CPU path."""
+    sq = torch.as_tensor(sq_norm).clamp_min(0)
+    if on_device is None:
+        on_device = sq.device.type != "cpu"
+    if not on_device:
+        n = float(sq) ** 0.5
+        return (None, sq) if n <= rho else (rho / n, torch.full_like(sq, rho * rho))
+    s = (rho / sq.sqrt()).clamp(max=1.0)
+    return s, sq * s * s
+
+
 def radial_clip(xi, sq_norm, rho, on_device: bool | None = None):
     """(ξ · min(1, ρ/‖ξ‖), its squared norm) given ‖ξ‖² as a tensor.
 
     On accelerators (``on_device`` None: the norm's device is not the CPU) the factor stays on the
     device (no host synchronisation; ρ/0 = inf clamps to 1) and every ξ is rescaled; on the CPU,
     where reading the norm costs nothing, ξ inside the ball is returned as is (saves a pass over all
-    parameters). ``on_device=True`` forces the synchronisation-free path (tests run it on the CPU)."""
-    sq = torch.as_tensor(sq_norm).clamp_min(0)
-    if on_device is None:
-        on_device = sq.device.type != "cpu"
-    if not xi or not on_device:
-        n = float(sq) ** 0.5
-        if n <= rho:
-            return xi, sq
-        return [x * (rho / n) for x in xi], torch.full_like(sq, rho * rho)
-    s = (rho / sq.sqrt()).clamp(max=1.0)
-    return [x * s.to(x.dtype) for x in xi], sq * s * s
+    parameters). ``on_device=True`` forces the synchronisation-free path (tests run it on the CPU).
+    A vector with a ``scaled(s)`` method (:class:`geosharp_ref.sharpness.Iterate`) is rescaled by it."""
+    if not xi:
+        return xi, torch.as_tensor(sq_norm).clamp_min(0)
+    s, sq = _clip_factor(sq_norm, rho, on_device)
+    if s is None:
+        return xi, sq
+    if hasattr(xi, "scaled"):
+        return xi.scaled(s), sq
+    return [x * (s.to(x.dtype) if torch.is_tensor(s) else s) for x in xi], sq
 
 
 def apgd_step(space, x, x_prev, g, xx, eta, rho, a):
@@ -125,8 +161,12 @@ def apgd_step(space, x, x_prev, g, xx, eta, rho, a):
         z = clip(_lin(1.0, x, step, d), rho)
         return clip([xi + a * (zi - xi) + (1 - a) * (xi - pi) for xi, zi, pi in zip(x, z, x_prev)], rho), None
     zz = xx + 2 * step * xg + step * step * dd  # ‖x + step·d‖²
-    z, _ = radial_clip(_lin(1.0, x, step, d), zz, rho)
-    x_new = [xi + a * (zi - xi) + (1 - a) * (xi - pi) for xi, zi, pi in zip(x, z, x_prev)]
+    s, _ = _clip_factor(zz, rho, None)  # z = s (x + step·d)
+    s = 1.0 if s is None else s
+    # x_new = x + a(z − x) + (1 − a)(x − x_prev) = (2 − 2a + a s) x + a s step d − (1 − a) x_prev,
+    # formed in one combination (z is never built)
+    terms = [(2 - 2 * a + a * s, x), (a * s * step, d)] + ([(a - 1, x_prev)] if a != 1 else [])
+    x_new = getattr(space, "lincomb", lincomb)(terms)
     return radial_clip(x_new, space.inner(x_new, x_new), rho)
 
 

@@ -16,7 +16,8 @@ This is how Auto-PGD turns the cotangent ū at the perturbed weights E(ξ) into 
 P 𝔾⁻¹ (∂E/∂ξ)ᵀ ū: chaining the generated VJP, Riemannian gradient and horizontal projection on
 Spans costs the VJP's four Gram products (Gᵀū_G, ū_Gᵀξ_G, and the H side) and six products for the
 result, against ten (VJP) + two (𝔾⁻¹) + four (projection) when every intermediate is a tensor;
-Gᵀξ_G and ξ_Gᵀξ_G come from the forward pass's table.
+Gᵀξ_G and ξ_Gᵀξ_G come from the forward pass's table. The generated metric ``inner`` runs on Spans
+too: its pattern ((M Xᵀ) ⊙ Yᵀ) summed equals ⟨M, YᵀX⟩_F, so g(ξ, ξ) of a block costs the Gram ξᵀξ.
 
 Shapes: all blocks of one table share the leading (batch) dimensions and h; a coefficient None
 stands for the identity (no product).
@@ -49,6 +50,13 @@ class GramTable:
         """The registered block ``name`` as the Span X·I."""
         X = self.blocks[name]
         return Span(self, {name: None}, X.shape, X.dtype, X.device)
+
+    def copy(self) -> "GramTable":
+        """A new table with the same blocks and known Gram products (``products`` restarts at 0); what
+        is computed in the copy does not reach this table."""
+        t = GramTable()
+        t.blocks, t._grams = dict(self.blocks), dict(self._grams)
+        return t
 
     def seed(self, a: str, b: str, value: torch.Tensor) -> None:
         """Record BₐᵀB_b = ``value`` (computed elsewhere, e.g. by the forward pass)."""
@@ -158,7 +166,8 @@ class Span:
 
 
 class SpanT:
-    """The transpose Xᵀ = Σᵢ Cᵢᵀ Bᵢᵀ of a :class:`Span`; only ``Xᵀ @ Y`` (an h×h tensor) is needed."""
+    """The transpose Xᵀ = Σᵢ Cᵢᵀ Bᵢᵀ of a :class:`Span`; only ``Xᵀ @ Y`` (an h×h tensor) and the
+    metric pattern ``((M @ Xᵀ) * Yᵀ).sum((-2, -1))`` are needed."""
 
     def __init__(self, span: Span):
         self.span = span
@@ -181,3 +190,34 @@ class SpanT:
                 inner = inner + (Gr if cb is None else Gr @ cb)
             total = total + (inner if ca is None else ca.mT @ inner)
         return total
+
+    def __rmatmul__(self, M):
+        if not torch.is_tensor(M):
+            return NotImplemented
+        return _LeftProductT(M, self.span)
+
+
+class _LeftProductT:
+    """M Xᵀ (…, h, n) for an h×h tensor M and a :class:`Span` X, kept unevaluated: the generated
+    metrics use it only as ``((M @ Xᵀ) * Yᵀ).sum((-2, -1))`` = Σ (M Xᵀ) ⊙ Yᵀ = tr(X Mᵀ Yᵀ)
+    = ⟨M, YᵀX⟩_F, which needs the h×h matrix YᵀX (Gram products) and no n×h work."""
+
+    def __init__(self, M, span: Span):
+        self.M, self.span = M, span
+
+    def __mul__(self, other):
+        if not isinstance(other, SpanT):
+            raise TypeError("(M Xᵀ) of a Span multiplies a transposed Span element-wise only")
+        return _FrobeniusPairing(self.M, self.span, other.span)
+
+
+class _FrobeniusPairing:
+    """(M Xᵀ) ⊙ Yᵀ awaiting its sum over the last two axes (see :class:`_LeftProductT`)."""
+
+    def __init__(self, M, X: Span, Y: Span):
+        self.M, self.X, self.Y = M, X, Y
+
+    def sum(self, dim):
+        if not isinstance(dim, (tuple, list)) or tuple(dim) != (-2, -1):
+            raise TypeError("only the sum over both matrix axes, .sum((-2, -1)), is supported")
+        return (self.M * (self.Y.mT @ self.X)).sum((-2, -1))

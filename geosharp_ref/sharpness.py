@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from .apgd import apgd, radial_clip, value_and_grad
+from .apgd import apgd, combine, lincomb, radial_clip, value_and_grad
 from .geometry import AdaptiveGeometry, gl_pair
 from .lazy_blocks import GramTable
 from .symmetry_map import symmetry_map as build_symmetry_map
@@ -128,6 +128,26 @@ class CotangentGradient(list):
         super().__init__(items)
         self.point = list(point)
         self.tables = tables
+
+
+class Iterate(list):
+    """A tangent vector (one tensor per component of ξ, as everywhere) that carries, per pair bucket,
+    a :class:`~geosharp_ref.lazy_blocks.GramTable` whose blocks "xi_G", "xi_H" are its own pair
+    blocks and which already knows their Gram products with the base point, Gᵀξ_G and Hᵀξ_H (and
+    ξ_Gᵀξ_G, ξ_Hᵀξ_H once its norm was taken). :meth:`PerturbationSpace.lincomb` builds it from
+    those of its terms (h×h work), :meth:`PerturbationSpace.inner` takes its norm from ξᵀξ alone and
+    the forward pass of :meth:`PerturbationSpace.value_and_grad` reuses all of them: per pair and
+    Auto-PGD iteration two n·h² products (Gᵀξ_G, Hᵀξ_H) and the norm's two element-wise passes are
+    saved, and the norm's ξ_Gᵀξ_G, ξ_Hᵀξ_H serve the forward pass as well. Any other operation on
+    it gives a plain list (the products are then computed again where needed)."""
+
+    def __init__(self, items, space, tables):
+        super().__init__(items)
+        self.space, self.tables = space, tables
+
+    def scaled(self, s):
+        """s·ξ with its Gram products scaled by s and s² (used by the radial clip)."""
+        return self.space._scaled_iterate(self, s)
 
 
 class PerturbationSpace:
@@ -286,7 +306,12 @@ class PerturbationSpace:
         px, ax = self._split(xi)
         pe, ae = self._split(eta)
         total = 0.0
-        if self.geometry is not None and self.metric_norm:
+        if xi is eta and self._carries_grams(xi):  # g(ξ, ξ) from the Grams ξᵀξ (one n·h² product each)
+            K, eps = self.geometry.kernels, self.geometry.eps
+            for table, cache in zip(xi.tables, self._caches):
+                spans = [table.span(k) for k in ("G", "H", "xi_G", "xi_H", "xi_G", "xi_H")]
+                total = total + K.inner(*spans, eps=eps, cache=cache).sum()
+        elif self.geometry is not None and self.metric_norm:
             for v in self._pair_map(self.geometry.inner, px, pe):
                 total = total + v.sum()
         else:
@@ -355,8 +380,9 @@ class PerturbationSpace:
         (:mod:`geosharp_ref.lazy_blocks`): ∇ = (∂E/∂ξ)ᵀ ū, 𝔾⁻¹∇ and its horizontal projection run the
         generated ``second_order_geodesic_vjp``, ``riemannian_gradient`` and ``horizontal_projection``
         on Spans over {θ, ξ, ū}, so only d itself is formed (per pair: the VJP's 4 Gram products, 6 for
-        d, 2 for g(d, d) in place of 10 + 2 + 4 and element-wise passes); ⟨ξ, ∇⟩_F comes from the Gram
-        tables (h×h work)."""
+        d, 2 for g(d, d) (the Grams dᵀd) in place of 10 + 2 + 4 and element-wise passes); ⟨ξ, ∇⟩_F
+        comes from the Gram tables (h×h work). There d is returned as an :class:`Iterate` carrying Gᵀd_G, Hᵀd_H (h×h
+        work on the Spans), from which :meth:`lincomb` builds the next iterate's products."""
         if not isinstance(egrad, CotangentGradient):
             d = self.ascent_direction(xi, egrad)
             return d, _euclidean_pairing(d, egrad), _euclidean_pairing(xi, egrad)
@@ -366,7 +392,7 @@ class PerturbationSpace:
             raise ValueError("the CotangentGradient was evaluated at a different point than the ξ given; "
                              "pass the point it came from (Auto-PGD keeps them together)")
         K, eps = self.geometry.kernels, self.geometry.eps
-        out = [None] * len(self.pairs)
+        blocks, d_tables = [], []
         dd = xd = 0.0
         for b, (idx, G, H, sizes) in enumerate(self._buckets):
             table, cache = egrad.tables[b], self._caches[b]
@@ -382,18 +408,84 @@ class PerturbationSpace:
                 g_G, g_H = scG, scH
             r_G, r_H = K.riemannian_gradient(sG, sH, g_G, g_H, eps=eps, cache=cache)
             d_G, d_H = K.horizontal_projection(sG, sH, r_G, r_H, eps=eps, cache=cache)
+            GtD, HtD = sG.mT @ d_G, sH.mT @ d_H  # for the iterate Auto-PGD forms from d (h×h work)
             d_G, d_H = d_G.materialize(), d_H.materialize()
             xd = xd + (g_G.frobenius_with_block("xi_G") + g_H.frobenius_with_block("xi_H")).sum()
-            if vjp:  # g(d, d): ∇ is not formed
-                dd = dd + K.inner(G, H, d_G, d_H, d_G, d_H, eps=eps, cache=cache).sum()
-            else:  # ⟨d, ∇⟩_F with ∇ = ū, element-wise
-                dd = dd + (d_G * table.blocks["cot_G"]).sum() + (d_H * table.blocks["cot_H"]).sum()
-            self._split_back(out, (d_G, d_H), idx, sizes)
-        d = [x for pair in out for x in pair]
+            blocks.append((d_G, d_H))
+            d_tables.append(self._iterate_table(b, d_G, d_H, GtD, HtD))
+            # ‖d‖² = g(d, d) (∇ is not formed) from the Grams d_Gᵀd_G, d_Hᵀd_H: one product per side
+            dd = dd + K.inner(*(d_tables[-1].span(k) for k in ("G", "H", "xi_G", "xi_H", "xi_G", "xi_H")),
+                              eps=eps, cache=cache).sum()
         d_a = [c2 * g for c2, g in zip(self._scale2, ag)]  # c² = 0 on immovable coordinates
         dd = dd + _euclidean_pairing(d_a, ag)
         xd = xd + _euclidean_pairing(ax, ag)
-        return d + d_a, torch.as_tensor(dd), torch.as_tensor(xd)
+        return self._from_buckets(blocks, d_tables, d_a), torch.as_tensor(dd), torch.as_tensor(xd)
+
+    # -- iterates that carry their Gram products ------------------------------------------------
+    def _carries_grams(self, xi):
+        return isinstance(xi, Iterate) and xi.space is self and self.uses_cotangents
+
+    def _iterate_table(self, b, XG, XH, GtX, HtX):
+        """A Gram table for the bucket-b pair blocks (XG, XH) of an iterate, with GᵀG, HᵀH, GᵀX_G and
+        HᵀX_H known."""
+        _, G, H, _ = self._buckets[b]
+        table = GramTable()
+        for name, X in (("G", G), ("H", H), ("xi_G", XG), ("xi_H", XH)):
+            table.block(name, X)
+        for name, gram in zip(("G", "H"), self._base_grams[b]):
+            table.seed(name, name, gram)
+        table.seed("G", "xi_G", GtX)
+        table.seed("H", "xi_H", HtX)
+        return table
+
+    def _known_blocks(self, v, b):
+        """(X_G, X_H, GᵀX_G, HᵀX_H) of vector ``v`` in bucket b: from its table when it carries one,
+        else computed (two n·h² products)."""
+        if self._carries_grams(v):
+            t = v.tables[b]
+            return t.blocks["xi_G"], t.blocks["xi_H"], t.gram("G", "xi_G"), t.gram("H", "xi_H")
+        idx, G, H, _ = self._buckets[b]
+        XG, XH = self._bucket_args(idx, self._split(v)[0])
+        return XG, XH, G.mT @ XG, H.mT @ XH
+
+    def _from_buckets(self, bucket_blocks, tables, adaptive):
+        pairs = [None] * len(self.pairs)
+        for (idx, _, _, sizes), blocks in zip(self._buckets, bucket_blocks):
+            self._split_back(pairs, blocks, idx, sizes)
+        return Iterate([x for pair in pairs for x in pair] + list(adaptive), self, tables)
+
+    def lincomb(self, terms):
+        """Σᵢ cᵢ ξᵢ (``terms`` = [(cᵢ, ξᵢ)], cᵢ numbers or 0-d tensors), as Auto-PGD forms its next
+        iterate. On the cotangent path (:attr:`uses_cotangents`) the result is an :class:`Iterate`:
+        Gᵀ(Σ cᵢ ξᵢ) = Σ cᵢ Gᵀξᵢ comes from the terms' tables (h×h work), so neither the norm nor the
+        next forward pass computes it."""
+        if not self.uses_cotangents:
+            return lincomb(terms)
+        k = 2 * len(self.pairs)
+        adaptive = [combine([(c, v[j]) for c, v in terms]) for j in range(k, len(terms[0][1]))]
+        blocks, tables = [], []
+        for b in range(len(self._buckets)):
+            known = [self._known_blocks(v, b) for _, v in terms]
+            XG = combine([(c, kn[0]) for (c, _), kn in zip(terms, known)])
+            XH = combine([(c, kn[1]) for (c, _), kn in zip(terms, known)])
+            GtX = sum(c * kn[2] for (c, _), kn in zip(terms, known))
+            HtX = sum(c * kn[3] for (c, _), kn in zip(terms, known))
+            blocks.append((XG, XH))
+            tables.append(self._iterate_table(b, XG, XH, GtX, HtX))
+        return self._from_buckets(blocks, tables, adaptive)
+
+    def _scaled_iterate(self, xi, s):
+        k = 2 * len(self.pairs)
+        blocks, tables = [], []
+        for b, t in enumerate(xi.tables):
+            XG, XH = t.blocks["xi_G"] * s, t.blocks["xi_H"] * s
+            new = self._iterate_table(b, XG, XH, t.gram("G", "xi_G") * s, t.gram("H", "xi_H") * s)
+            for name in ("xi_G", "xi_H"):
+                if t.has_gram(name, name):
+                    new.seed(name, name, t.gram(name, name) * (s * s))
+            blocks.append((XG, XH))
+            tables.append(new)
+        return self._from_buckets(blocks, tables, [x * s for x in xi[k:]])
 
     # -- the perturbed model ---------------------------------------------------------------------
     @property
@@ -442,14 +534,19 @@ class PerturbationSpace:
             px, ax = self._split(xi)
             new, tables = [None] * len(self.pairs), []
             px = [x.detach() for x in px]
+            carried = self._carries_grams(xi)
             with torch.no_grad():
                 for b, (idx, G, H, sizes) in enumerate(self._buckets):
-                    xG, xH = self._bucket_args(idx, px)
-                    table = GramTable()
-                    for name, X in (("G", G), ("H", H), ("xi_G", xG), ("xi_H", xH)):
-                        table.block(name, X)
-                    for name, gram in zip(("G", "H"), self._base_grams[b]):
-                        table.seed(name, name, gram)
+                    if carried:  # Gᵀξ_G, ξ_Gᵀξ_G, … known from the Auto-PGD step that formed ξ
+                        table = xi.tables[b].copy()
+                        xG, xH = table.blocks["xi_G"], table.blocks["xi_H"]
+                    else:
+                        xG, xH = self._bucket_args(idx, px)
+                        table = GramTable()
+                        for name, X in (("G", G), ("H", H), ("xi_G", xG), ("xi_H", xH)):
+                            table.block(name, X)
+                        for name, gram in zip(("G", "H"), self._base_grams[b]):
+                            table.seed(name, name, gram)
                     if self.geodesic_correction:
                         E = K.second_order_geodesic(*(table.span(k) for k in ("G", "H", "xi_G", "xi_H")),
                                                     eps=eps, cache=self._caches[b])

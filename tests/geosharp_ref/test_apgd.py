@@ -119,3 +119,23 @@ def test_radial_clip_device_path_matches_host_path(seed, scale, rho):
         assert abs(float(na) - float(nb)) <= 1e-12 * max(1.0, float(na))
         for x, y in zip(a, b):
             assert torch.allclose(x, y, rtol=1e-14, atol=0)
+
+
+@given(st.integers(0, 2**31 - 1), st.integers(1, 4), st.booleans())
+def test_lincomb_equals_the_sum_and_leaves_its_terms_alone(seed, k, tensor_coefs):
+    """Σ cᵢ ξᵢ (numbers or 0-d tensors as coefficients) = the sum written out, in float64; the terms
+    are not modified (the first product is a new tensor, the others accumulate into it)."""
+    from geosharp_ref.apgd import lincomb
+    g = torch.Generator().manual_seed(seed)
+    vecs = [[torch.randn(3, 4, generator=g, dtype=torch.float64), torch.randn(5, generator=g, dtype=torch.float64)]
+            for _ in range(k)]
+    coefs = torch.randn(k, generator=g, dtype=torch.float64)
+    coefs = list(coefs) if tensor_coefs else [float(c) for c in coefs]
+    before = [[x.clone() for x in v] for v in vecs]
+    out = lincomb(list(zip(coefs, vecs)))
+    for j in range(2):
+        ref = sum(float(c) * v[j] for c, v in zip(coefs, vecs))
+        torch.testing.assert_close(out[j], ref, rtol=1e-14, atol=1e-14)
+    for v, b in zip(vecs, before):
+        for x, y in zip(v, b):
+            assert torch.equal(x, y)

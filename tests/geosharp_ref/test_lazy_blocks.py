@@ -98,3 +98,39 @@ def test_span_misuse_is_refused():
         a + u.block("a", torch.randn(4, 2))
     with pytest.raises(ValueError, match="already registered"):
         t.block("a", torch.randn(4, 2))
+    with pytest.raises(TypeError, match="element-wise only"):
+        (torch.eye(2) @ a.mT) * torch.randn(2, 4)
+    with pytest.raises(TypeError, match="both matrix axes"):
+        ((torch.eye(2) @ a.mT) * a.mT).sum(-1)
+
+
+@pytest.mark.parametrize("metric", ["inv", "mix"])
+@given(shape=shapes, seed=st.integers(0, 2**16), eps=st.sampled_from([0.0, 1e-3]))
+def test_generated_metric_on_spans_equals_it_on_tensors(metric, shape, seed, eps):
+    """The generated ``inner`` ((M Xᵀ) ⊙ Yᵀ summed) on Spans = on tensors (float64), for a block and
+    for a combination X = ξ A + G B; g(ξ, ξ) of a block costs one Gram product per side (ξᵀξ)."""
+    K = importlib.import_module(f"codegen.generated.gl_{metric}")
+    lead, n, m, h = shape
+    G, H, xG, xH, _, _ = _inputs(lead, n, m, h, seed)
+    cache = K.prepare(G, H, eps=eps)
+    t, (sG, sH, sxG, sxH, _, _) = _table(G, H, xG, xH, xG, xH)
+    val = K.inner(sG, sH, sxG, sxH, sxG, sxH, eps=eps, cache=cache)
+    torch.testing.assert_close(val, K.inner(G, H, xG, xH, xG, xH, eps=eps, cache=cache), rtol=1e-12, atol=1e-12)
+    assert t.products == 2
+    A, B = (torch.randn(h, h, generator=torch.Generator().manual_seed(seed + 2), dtype=torch.float64)
+            for _ in range(2))
+    XG, XH = sxG @ A + sG @ B, sxH @ B - sH @ A
+    val = K.inner(sG, sH, XG, XH, sxG, sxH, eps=eps, cache=cache)
+    ref = K.inner(G, H, xG @ A + G @ B, xH @ B - H @ A, xG, xH, eps=eps, cache=cache)
+    torch.testing.assert_close(val, ref, rtol=1e-10, atol=1e-10)
+
+
+def test_gram_table_copy_is_independent():
+    """A copy shares the known products but computes its own; the original's counter is untouched."""
+    t = GramTable()
+    a, b = t.block("a", torch.randn(5, 2)), t.block("b", torch.randn(5, 2))
+    t.gram("a", "b")
+    c = t.copy()
+    assert c.has_gram("b", "a") and not c.has_gram("a", "a")
+    c.gram("a", "a")
+    assert c.products == 1 and t.products == 1 and not t.has_gram("a", "a")

@@ -271,3 +271,85 @@ def test_perturbed_point_gradient_is_the_weight_gradient_at_the_perturbed_weight
     assert 1e-6 < rel < 1.0
     with pytest.raises(ValueError, match="unknown gradient"):
         PerturbationSpace(params, smap.groups, smap.adaptive_masks, metric=metric, gradient="paper")
+
+
+class TwoAttention(nn.Module):
+    """Two attention layers of equal shapes: their groups share a bucket when stacked."""
+
+    def __init__(self, d=8, heads=2, classes=3):
+        super().__init__()
+        self.a1 = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.a2 = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x):
+        x = x + self.a1(x, x, x, need_weights=False)[0]
+        return self.head(self.a2(x, x, x, need_weights=False)[0].mean(1))
+
+
+@pytest.mark.parametrize("metric", ["inv", "mix"])
+@pytest.mark.parametrize("stack", [False, True])
+def test_iterates_carry_their_gram_products(metric, stack):
+    """Auto-PGD's next iterate Σ cᵢ ξᵢ (space.lincomb) carries Gᵀξ_G, Hᵀξ_H from its terms' tables and,
+    once its norm is taken, ξ_Gᵀξ_G, ξ_Hᵀξ_H: all equal the products computed directly (float64). The
+    norm equals the metric of the same vector as a plain list at one Gram product per side; the radial
+    clip keeps the products (scaled); the forward pass from the iterate computes no Gram product and
+    gives the value and cotangents of the plain list."""
+    from geosharp_ref.apgd import lincomb, radial_clip
+    from geosharp_ref.sharpness import Iterate
+
+    torch.manual_seed(6)
+    model = TwoAttention().double()
+    batch = (torch.randn(4, 5, 8, dtype=torch.float64), torch.randint(0, 3, (4,)))
+    smap = symmetry_map(model)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    PerturbationSpace.stack_groups = stack
+    try:
+        space = PerturbationSpace(params, smap.groups, smap.adaptive_masks, metric=metric)
+    finally:
+        PerturbationSpace.stack_groups = None
+    assert len(space._buckets) == (2 if stack else 4)
+    fg = space.value_and_grad(lambda p: model_loss(model, p, batch))
+    x = space.random(0.3, torch.Generator().manual_seed(1))
+    _, g = fg(x)
+    d, _, _ = space.ascent_step(x, g)
+    assert isinstance(d, Iterate)
+    p = space.random(0.3, torch.Generator().manual_seed(2))
+    terms = [(0.7, x), (torch.tensor(0.2, dtype=torch.float64), d), (-0.25, p)]
+    it, plain = space.lincomb(terms), lincomb(terms)
+    assert isinstance(it, Iterate) and type(plain) is list
+    for a, b in zip(it, plain):
+        torch.testing.assert_close(a, b, rtol=1e-14, atol=1e-15)
+
+    def check_grams(v, with_norm):
+        for (idx, G, H, _), t in zip(space._buckets, v.tables):
+            XG, XH = space._bucket_args(idx, space._split(list(v))[0])
+            torch.testing.assert_close(t.blocks["xi_G"], XG, rtol=0, atol=0)
+            for X, name, B in ((XG, "xi_G", G), (XH, "xi_H", H)):
+                side = name[-1]
+                torch.testing.assert_close(t.gram(side, name), B.mT @ X, rtol=1e-12, atol=1e-14)
+                assert t.has_gram(name, name) == with_norm
+                if with_norm:
+                    torch.testing.assert_close(t.gram(name, name), X.mT @ X, rtol=1e-12, atol=1e-14)
+
+    check_grams(it, with_norm=False)
+    assert all(t.products == 0 for t in it.tables)
+    sq = space.inner(it, it)
+    assert float(sq) == pytest.approx(float(space.inner(plain, plain)), rel=1e-12)
+    assert all(t.products == 2 for t in it.tables)
+    check_grams(it, with_norm=True)
+
+    clipped, sq_c = radial_clip(it, sq, 0.5 * float(sq) ** 0.5)
+    assert isinstance(clipped, Iterate)
+    for a, b in zip(clipped, it):
+        torch.testing.assert_close(a, 0.5 * b, rtol=1e-14, atol=1e-15)
+    check_grams(clipped, with_norm=True)
+    assert float(space.inner(clipped, clipped)) == pytest.approx(float(sq_c), rel=1e-12)
+
+    f_i, g_i = fg(clipped)
+    f_p, g_p = fg(list(clipped))
+    assert [t.products for t in g_i.tables] == [0] * len(space._buckets)
+    assert [t.products for t in g_p.tables] == [4] * len(space._buckets)
+    assert f_i == pytest.approx(f_p, rel=1e-14)
+    for a, b in zip(g_i, g_p):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
