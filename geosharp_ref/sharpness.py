@@ -381,8 +381,9 @@ class PerturbationSpace:
         generated ``second_order_geodesic_vjp``, ``riemannian_gradient`` and ``horizontal_projection``
         on Spans over {θ, ξ, ū}, so only d itself is formed (per pair: the VJP's 4 Gram products, 6 for
         d, 2 for g(d, d) (the Grams dᵀd) in place of 10 + 2 + 4 and element-wise passes); ⟨ξ, ∇⟩_F
-        comes from the Gram tables (h×h work). There d is returned as an :class:`Iterate` carrying Gᵀd_G, Hᵀd_H (h×h
-        work on the Spans), from which :meth:`lincomb` builds the next iterate's products."""
+        comes from the Gram tables (h×h work). There d is returned as an :class:`Iterate` carrying
+        Gᵀd_G, Hᵀd_H (h×h work on the Spans), from which :meth:`lincomb` builds the next iterate's
+        products."""
         if not isinstance(egrad, CotangentGradient):
             d = self.ascent_direction(xi, egrad)
             return d, _euclidean_pairing(d, egrad), _euclidean_pairing(xi, egrad)
