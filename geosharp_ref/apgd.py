@@ -81,10 +81,6 @@ class APGDResult:
     step_sizes: list = field(default_factory=list)
 
 
-def _lin(a, x, b, y):
-    return [a * xi + b * yi for xi, yi in zip(x, y)]
-
-
 def combine(terms):
     """Σᵢ cᵢ vᵢ for one tensor per term, ``terms`` = [(cᵢ, vᵢ)], cᵢ a number or a 0-d tensor (kept on
     the device: no synchronisation): one new tensor, the other terms accumulated into it in place."""
@@ -158,8 +154,10 @@ def apgd_step(space, x, x_prev, g, xx, eta, rho, a):
     step = torch.where(dn > 0, eta / dn, torch.zeros_like(dn))
     if pairing is None:
         clip = getattr(space, "clip", space.project)
-        z = clip(_lin(1.0, x, step, d), rho)
-        return clip([xi + a * (zi - xi) + (1 - a) * (xi - pi) for xi, zi, pi in zip(x, z, x_prev)], rho), None
+        z = clip(lincomb([(1.0, x), (step, d)]), rho)
+        # x + a(z − x) + (1 − a)(x − x_prev) = a z + (2 − 2a) x − (1 − a) x_prev
+        terms = [(a, z)] + ([(2 - 2 * a, x), (a - 1, x_prev)] if a != 1 else [])
+        return clip(getattr(space, "lincomb", lincomb)(terms), rho), None
     zz = xx + 2 * step * xg + step * step * dd  # ‖x + step·d‖²
     s, _ = _clip_factor(zz, rho, None)  # z = s (x + step·d)
     s = 1.0 if s is None else s

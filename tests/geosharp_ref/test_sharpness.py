@@ -339,12 +339,13 @@ def test_iterates_carry_their_gram_products(metric, stack):
     assert all(t.products == 2 for t in it.tables)
     check_grams(it, with_norm=True)
 
-    clipped, sq_c = radial_clip(it, sq, 0.5 * float(sq) ** 0.5)
-    assert isinstance(clipped, Iterate)
-    for a, b in zip(clipped, it):
-        torch.testing.assert_close(a, 0.5 * b, rtol=1e-14, atol=1e-15)
-    check_grams(clipped, with_norm=True)
-    assert float(space.inner(clipped, clipped)) == pytest.approx(float(sq_c), rel=1e-12)
+    for on_device in (False, True):  # the factor as a number (host) or as a 0-d tensor (accelerators)
+        clipped, sq_c = radial_clip(it, sq, 0.5 * float(sq) ** 0.5, on_device=on_device)
+        assert isinstance(clipped, Iterate)
+        for a, b in zip(clipped, it):
+            torch.testing.assert_close(a, 0.5 * b, rtol=1e-14, atol=1e-15)
+        check_grams(clipped, with_norm=True)
+        assert float(space.inner(clipped, clipped)) == pytest.approx(float(sq_c), rel=1e-12)
 
     f_i, g_i = fg(clipped)
     f_p, g_p = fg(list(clipped))
