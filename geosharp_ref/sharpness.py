@@ -21,8 +21,11 @@ order in ξ, and no backward pass through the correction: 10 fewer n·h² produc
 Cost (Auto-PGD's default path, :meth:`PerturbationSpace.value_and_grad`): the pair blocks E(ξ) enter
 the model as leaves, so the backward pass stops at the cotangent ū = ∂L/∂E; the ascent direction
 P 𝔾⁻¹ (∂E/∂ξ)ᵀ ū is then evaluated on block combinations Σ Bᵢ Cᵢ (:mod:`geosharp_ref.lazy_blocks`),
-reusing the forward's Gram products: per pair and iteration 8 n·h² products for E, 4 + 6 + 2 for d and
-g(d, d), 2 for the new iterate's norm (mix, exact gradient; 22 instead of 26 through autograd).
+reusing the forward's Gram products. Auto-PGD's iterates are :class:`Iterate` objects that carry
+their Gram products Gᵀξ, ξᵀξ from the step that formed them (:meth:`PerturbationSpace.lincomb`) to
+their norm and the next forward pass. Per pair and iteration (mix, exact gradient): 4 n·h² products
+for E, 4 + 6 for d, 2 for g(d, d) (dᵀd), 2 for the new iterate's norm (ξᵀξ, reused by the next
+forward pass): 18 instead of 26 through autograd.
 
 Ablations (paper App. G): ``geodesic_correction=False`` uses γ_ξ(1) = θ + ξ; ``metric_norm=False``
 measures and steps the pair components in the Frobenius norm (still projected horizontally).
@@ -47,7 +50,7 @@ from .geometry import AdaptiveGeometry, gl_pair
 from .lazy_blocks import GramTable
 from .symmetry_map import symmetry_map as build_symmetry_map
 
-__all__ = ["SharpnessResult", "PerturbationSpace", "CotangentGradient", "adaptive_sharpness",
+__all__ = ["SharpnessResult", "PerturbationSpace", "CotangentGradient", "Iterate", "adaptive_sharpness",
            "geodesic_sharpness", "default_loss", "model_loss", "GRADIENTS"]
 
 #: how the gradient in ξ is taken (see the module doc)
