@@ -247,8 +247,8 @@ def case_iteration(quick: bool, device, reps: int) -> dict:
         fns = {m: (lambda m=m: _one_iteration(states[m], splits[m])) for m in measures}
         # untimed iterations first, as the start of any Auto-PGD run: until the heap has grown to its
         # steady size, an iteration page-faults hundreds of MB in (about 1 s of system time on BERT-base)
-        times, cpu, faults = interleaved(fns, reps, device, warmup=0 if quick else ITERATION_WARMUP,
-                                         resources=True)
+        warmup = 0 if quick else ITERATION_WARMUP
+        times, cpu, faults = interleaved(fns, reps, device, warmup=warmup, resources=True)
         geo = {m: splits[m][-reps:] for m in measures}
         flops = {}
         for m in measures:  # matrix-product work of one iteration: deterministic, unlike the times
@@ -265,6 +265,7 @@ def case_iteration(quick: bool, device, reps: int) -> dict:
             mix_perturbed=ratio_stats(times["geodesic-mix-perturbed"], times["adaptive"]),
             cpu_times=cpu,
             page_faults=faults,
+            warmup=warmup,
             cpu={k: ratio_stats(cpu[m], cpu["adaptive"]) for k, m in
                  (("mix", "geodesic-mix"), ("inv", "geodesic-inv"), ("mix_perturbed", "geodesic-mix-perturbed"))},
         )
@@ -733,7 +734,8 @@ def render(info: dict, res: dict, quick: bool, elapsed: float) -> str:
                  "time, so this estimates the ratio of the intrinsic costs); by CPU time: the same per-repetition ratios of the process's CPU time (time the process waited while other tenants ran is not counted; slowdowns from shared caches and memory bandwidth are). Matmul GFLOP: the matrix products of one "
                  "iteration counted by `torch.utils.flop_counter` (element-wise work not included), with "
                  "mix/adaptive and inv/adaptive ratios. Every measure first runs "
-                 f"{ITERATION_WARMUP} untimed iterations (as an Auto-PGD run does before its steady state: "
+                 f"{next(iter(res['iteration'].values())).get('warmup', 0)} untimed iterations (as an "
+                 "Auto-PGD run does before its steady state: "
                  "the process heap grows to its working size, page-faulting fresh memory in); page faults: "
                  "median minor page faults per timed iteration (0: steady state, nothing mapped anew).")
         L.append("")

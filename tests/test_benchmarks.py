@@ -23,7 +23,8 @@ def test_bench_quick_runs_and_writes_report(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     text = out.read_text()
     for section in ("Machine", "One Auto-PGD iteration", "Geometry alone", "Generated kernels",
-                    "Peak memory", "Full evaluation on cpu", "Arithmetic floors", "torch: "):
+                    "Peak memory", "Full evaluation on cpu", "Arithmetic floors", "torch: ",
+                    "page faults per iteration", "first runs 0 untimed iterations"):
         assert section in text
     assert (results.read_bytes() if results.exists() else None) == before
 

@@ -273,19 +273,6 @@ def test_perturbed_point_gradient_is_the_weight_gradient_at_the_perturbed_weight
         PerturbationSpace(params, smap.groups, smap.adaptive_masks, metric=metric, gradient="paper")
 
 
-class TwoAttention(nn.Module):
-    """Two attention layers of equal shapes: their groups share a bucket when stacked."""
-
-    def __init__(self, d=8, heads=2, classes=3):
-        super().__init__()
-        self.a1 = nn.MultiheadAttention(d, heads, batch_first=True)
-        self.a2 = nn.MultiheadAttention(d, heads, batch_first=True)
-        self.head = nn.Linear(d, classes)
-
-    def forward(self, x):
-        x = x + self.a1(x, x, x, need_weights=False)[0]
-        return self.head(self.a2(x, x, x, need_weights=False)[0].mean(1))
-
 
 @pytest.mark.parametrize("metric", ["inv", "mix"])
 @pytest.mark.parametrize("stack", [False, True])
@@ -297,9 +284,10 @@ def test_iterates_carry_their_gram_products(metric, stack):
     gives the value and cotangents of the plain list."""
     from geosharp_ref.apgd import lincomb, radial_clip
     from geosharp_ref.sharpness import Iterate
+    from tests.test_benchmarks import TwoLayers  # two attention layers of equal shapes: one bucket when stacked
 
     torch.manual_seed(6)
-    model = TwoAttention().double()
+    model = TwoLayers().double()
     batch = (torch.randn(4, 5, 8, dtype=torch.float64), torch.randint(0, 3, (4,)))
     smap = symmetry_map(model)
     params = {k: v.detach() for k, v in model.named_parameters()}
