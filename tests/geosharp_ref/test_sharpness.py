@@ -342,3 +342,28 @@ def test_iterates_carry_their_gram_products(metric, stack):
     assert f_i == pytest.approx(f_p, rel=1e-14)
     for a, b in zip(g_i, g_p):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("metric", ["inv", "mix"])
+def test_carried_grams_stay_exact_over_a_float32_run(metric):
+    """Gᵀξ of an iterate is propagated from step to step (Σ cᵢ Gᵀξᵢ), never recomputed: after a
+    40-iteration float32 Auto-PGD run the best iterate's carried Gᵀξ_G, Hᵀξ_H still equal the direct
+    products (float64) to float32 round-off (no drift; the recursion's largest root is 1)."""
+    from geosharp_ref.apgd import apgd
+    from geosharp_ref.sharpness import Iterate
+    from tests.test_benchmarks import TwoLayers
+
+    torch.manual_seed(0)
+    model = TwoLayers(d=32, heads=4).float()
+    batch = (torch.randn(8, 6, 32), torch.randint(0, 3, (8,)))
+    smap = symmetry_map(model)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    space = PerturbationSpace(params, smap.groups, smap.adaptive_masks, metric=metric)
+    res = apgd(space.value_and_grad(lambda p: model_loss(model, p, batch)), space, 0.5, n_iter=40,
+               random_start=True, generator=torch.Generator().manual_seed(1))
+    assert isinstance(res.best_xi, Iterate) and res.best_value > res.start_value
+    for (_, G, H, _), t in zip(space._buckets, res.best_xi.tables):
+        for side, B in (("G", G), ("H", H)):
+            direct = B.double().mT @ t.blocks["xi_" + side].double()
+            carried = t.gram(side, "xi_" + side).double()
+            assert float((carried - direct).norm() / direct.norm()) < 1e-5
