@@ -296,6 +296,11 @@ def _pair_data(quick, dtype=torch.float64, seed=0, device=torch.device("cpu")):
     return data
 
 
+def _max_rel_diff(reference, got) -> float:
+    """max |reference − got| / max |got| (reference a numpy array, got a tensor on any device/dtype)."""
+    return float((torch.as_tensor(reference) - got.cpu().double()).abs().max() / got.abs().max())
+
+
 def _scipy_inv_projection(data):
     """The same ``inv`` projection, one pair at a time: numpy + scipy.linalg.solve_sylvester."""
     import numpy as np
@@ -357,8 +362,7 @@ def case_geometry(quick: bool, device, reps: int) -> dict:
     ref = scipy_inv()
 
     def rel_proj(got):
-        return max(float((torch.as_tensor(r[k]) - g[k].cpu().double()).abs().max() / g[k].abs().max())
-                   for r, g in zip(ref, got) for k in (0, 1))
+        return max(_max_rel_diff(r[k], g[k]) for r, g in zip(ref, got) for k in (0, 1))
     err = max(rel_proj(fn()) for fn in (torch_inv, torch_inv_cached, torch_inv_nocache))
     err32 = rel_proj(torch_inv_cached_f32())
     times = interleaved(dict(torch_inv=torch_inv, torch_inv_cached=torch_inv_cached,
@@ -406,8 +410,7 @@ def case_geometry(quick: bool, device, reps: int) -> dict:
     ref_s = scipy_solve()
 
     def rel(got):
-        return max(float((torch.as_tensor(np.stack(r)) - g.cpu().double()).abs().max() / g.abs().max())
-                   for r, g in zip(ref_s, got))
+        return max(_max_rel_diff(np.stack(r), g) for r, g in zip(ref_s, got))
     err_s, err_s32 = rel(torch_solve_cached()), rel(torch_solve_cached_f32())
     stimes = interleaved(dict(scipy_solve=scipy_solve, torch_solve=torch_solve,
                               torch_solve_cached=torch_solve_cached, floor_solve=floor_solve,

@@ -310,10 +310,8 @@ class PerturbationSpace:
         pe, ae = self._split(eta)
         total = 0.0
         if xi is eta and self._carries_grams(xi):  # g(ξ, ξ) from the Grams ξᵀξ (one n·h² product each)
-            K, eps = self.geometry.kernels, self.geometry.eps
-            for table, cache in zip(xi.tables, self._caches):
-                spans = [table.span(k) for k in ("G", "H", "xi_G", "xi_H", "xi_G", "xi_H")]
-                total = total + K.inner(*spans, eps=eps, cache=cache).sum()
+            for b, table in enumerate(xi.tables):
+                total = total + self._norm_sq(table, b)
         elif self.geometry is not None and self.metric_norm:
             for v in self._pair_map(self.geometry.inner, px, pe):
                 total = total + v.sum()
@@ -417,9 +415,7 @@ class PerturbationSpace:
             xd = xd + (g_G.frobenius_with_block("xi_G") + g_H.frobenius_with_block("xi_H")).sum()
             blocks.append((d_G, d_H))
             d_tables.append(self._iterate_table(b, d_G, d_H, GtD, HtD))
-            # ‖d‖² = g(d, d) (∇ is not formed) from the Grams d_Gᵀd_G, d_Hᵀd_H: one product per side
-            dd = dd + K.inner(*(d_tables[-1].span(k) for k in ("G", "H", "xi_G", "xi_H", "xi_G", "xi_H")),
-                              eps=eps, cache=cache).sum()
+            dd = dd + self._norm_sq(d_tables[-1], b)  # ‖d‖² = g(d, d) from dᵀd (∇ is not formed)
         d_a = [c2 * g for c2, g in zip(self._scale2, ag)]  # c² = 0 on immovable coordinates
         dd = dd + _euclidean_pairing(d_a, ag)
         xd = xd + _euclidean_pairing(ax, ag)
@@ -427,20 +423,27 @@ class PerturbationSpace:
 
     # -- iterates that carry their Gram products ------------------------------------------------
     def _carries_grams(self, xi):
-        return isinstance(xi, Iterate) and xi.space is self and self.uses_cotangents
+        return isinstance(xi, Iterate) and xi.space is self  # only the cotangent path makes them
 
-    def _iterate_table(self, b, XG, XH, GtX, HtX):
-        """A Gram table for the bucket-b pair blocks (XG, XH) of an iterate, with GᵀG, HᵀH, GᵀX_G and
-        HᵀX_H known."""
+    def _iterate_table(self, b, XG, XH, GtX=None, HtX=None):
+        """A Gram table for the bucket-b pair blocks (XG, XH) of a tangent vector, with GᵀG, HᵀH known
+        and GᵀX_G, HᵀX_H when given."""
         _, G, H, _ = self._buckets[b]
         table = GramTable()
         for name, X in (("G", G), ("H", H), ("xi_G", XG), ("xi_H", XH)):
             table.block(name, X)
         for name, gram in zip(("G", "H"), self._base_grams[b]):
             table.seed(name, name, gram)
-        table.seed("G", "xi_G", GtX)
-        table.seed("H", "xi_H", HtX)
+        if GtX is not None:
+            table.seed("G", "xi_G", GtX)
+            table.seed("H", "xi_H", HtX)
         return table
+
+    def _norm_sq(self, table, b):
+        """g(ξ, ξ) summed over bucket b's heads for the table's blocks "xi_G", "xi_H": the generated
+        metric on Spans, which needs only the Grams ξ_Gᵀξ_G, ξ_Hᵀξ_H (one n·h² product per side)."""
+        spans = [table.span(k) for k in ("G", "H", "xi_G", "xi_H", "xi_G", "xi_H")]
+        return self.geometry.kernels.inner(*spans, eps=self.geometry.eps, cache=self._caches[b]).sum()
 
     def _known_blocks(self, v, b):
         """(X_G, X_H, GᵀX_G, HᵀX_H) of vector ``v`` in bucket b: from its table when it carries one,
@@ -479,17 +482,13 @@ class PerturbationSpace:
         return self._from_buckets(blocks, tables, adaptive)
 
     def _scaled_iterate(self, xi, s):
-        k = 2 * len(self.pairs)
-        blocks, tables = [], []
-        for b, t in enumerate(xi.tables):
-            XG, XH = t.blocks["xi_G"] * s, t.blocks["xi_H"] * s
-            new = self._iterate_table(b, XG, XH, t.gram("G", "xi_G") * s, t.gram("H", "xi_H") * s)
+        """s·ξ (:meth:`lincomb` of one term) keeping ξ's own Grams as well, scaled by s²."""
+        out = self.lincomb([(s, xi)])
+        for t, new in zip(xi.tables, out.tables):
             for name in ("xi_G", "xi_H"):
                 if t.has_gram(name, name):
                     new.seed(name, name, t.gram(name, name) * (s * s))
-            blocks.append((XG, XH))
-            tables.append(new)
-        return self._from_buckets(blocks, tables, [x * s for x in xi[k:]])
+        return out
 
     # -- the perturbed model ---------------------------------------------------------------------
     @property
@@ -546,11 +545,7 @@ class PerturbationSpace:
                         xG, xH = table.blocks["xi_G"], table.blocks["xi_H"]
                     else:
                         xG, xH = self._bucket_args(idx, px)
-                        table = GramTable()
-                        for name, X in (("G", G), ("H", H), ("xi_G", xG), ("xi_H", xH)):
-                            table.block(name, X)
-                        for name, gram in zip(("G", "H"), self._base_grams[b]):
-                            table.seed(name, name, gram)
+                        table = self._iterate_table(b, xG, xH)
                     if self.geodesic_correction:
                         E = K.second_order_geodesic(*(table.span(k) for k in ("G", "H", "xi_G", "xi_H")),
                                                     eps=eps, cache=self._caches[b])

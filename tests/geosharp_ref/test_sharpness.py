@@ -273,7 +273,6 @@ def test_perturbed_point_gradient_is_the_weight_gradient_at_the_perturbed_weight
         PerturbationSpace(params, smap.groups, smap.adaptive_masks, metric=metric, gradient="paper")
 
 
-
 @pytest.mark.parametrize("metric", ["inv", "mix"])
 @pytest.mark.parametrize("stack", [False, True])
 def test_iterates_carry_their_gram_products(metric, stack):
