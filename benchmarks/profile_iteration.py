@@ -1,4 +1,4 @@
-"""Profile one Auto-PGD iteration (as in benchmarks/run.py case 1) with torch.profiler.
+"""Profile one Auto-PGD iteration (as in benchmarks/run.py case 1, benchmarks/cases.py) with torch.profiler.
 
     .venv/bin/python benchmarks/profile_iteration.py [--model bert|vit] [--measure geodesic-inv] [--quick]
 
@@ -19,7 +19,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
-from benchmarks.run import _iteration_setup, make_model  # noqa: E402
+from benchmarks.cases import iteration_setup, make_model  # noqa: E402
 
 
 def main(argv=None):
@@ -33,7 +33,7 @@ def main(argv=None):
     from geosharp_ref.cpu_allocator import keep_freed_memory
     keep_freed_memory()  # as the runner and the CLI do (page faults would otherwise show as op time)
     model, batch = make_model(a.model, a.quick, batch=8 if not a.quick else 2)
-    space, fg, x, rho = _iteration_setup(model, batch, a.measure)
+    space, fg, x, rho = iteration_setup(model, batch, a.measure)
     _, g = fg(x)
     state = [x, g, space.inner(x, x)]
 

@@ -10,7 +10,7 @@ invariant under the group action with tangent vectors pushed forward:
 :func:`check_invariance` returns a symbolic proof (the difference canonicalizes to zero, for every
 size at once) or an exact rational counterexample.
 
-Built-in metrics (DESIGN.md):
+Built-in metrics (docs/MATH.md):
 
 * GL(h) pair, ``inv``: tr((GᵀG)⁻¹ ξ_Gᵀ η_G) + tr((HᵀH)⁻¹ ξ_Hᵀ η_H)
 * GL(h) pair, ``mix``: tr(HᵀH ξ_Gᵀ η_G) + tr(GᵀG ξ_Hᵀ η_H)

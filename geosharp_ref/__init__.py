@@ -1,5 +1,60 @@
-"""geosharp reference evaluator: geometries from the generated kernels, model symmetry maps,
-adaptive and geodesic sharpness (Auto-PGD), verification. Never imports SymPy at run time."""
-from .symmetry_map import PairSpec, SymmetryMap, symmetry_map
+"""geosharp reference evaluator: geodesic vs adaptive sharpness of whole models (never imports SymPy).
 
-__all__ = ["PairSpec", "SymmetryMap", "symmetry_map"]
+The public API, by layer (every name is importable from ``geosharp_ref`` directly):
+
+core (the mathematics, as it reads)
+    :func:`load_kernels` (:mod:`.kernels`: the one place that loads generated kernel modules),
+    :func:`gl_pair`, :class:`GLPairGeometry`, :class:`AdaptiveGeometry` (:mod:`.geometry`),
+    :func:`apgd` (:mod:`.apgd`), :class:`GramTable` (:mod:`.lazy_blocks`)
+symmetry
+    :func:`symmetry_map`, :class:`SymmetryMap`, :class:`PairGroup`, :class:`PairSpec` (:mod:`.symmetry`)
+sharpness
+    :func:`adaptive_sharpness`, :func:`geodesic_sharpness`, :class:`SharpnessResult`,
+    :class:`PerturbationSpace`, :func:`get_measure` (:mod:`.sharpness`)
+verification
+    :func:`orbit_invariance`, :func:`riemannian_gradient_norm`, :func:`draw_orbit_elements`,
+    :func:`verification_table` (:mod:`.verification`)
+io
+    :func:`load_model`, :func:`load_data`, :func:`split_batches` (:mod:`.io`)
+statistics and plots
+    :func:`kendall_with_ci` (:mod:`.stats`), :mod:`.plots`
+studies (experiments built on the core)
+    :mod:`.studies.toy`, :mod:`.studies.diagnet`, :mod:`.studies.population`
+command line
+    :mod:`.cli`
+
+Names are loaded on first use (PEP 562), so ``import geosharp_ref`` (and the command line's help) does
+not import torch.
+"""
+from __future__ import annotations
+
+import importlib
+
+#: public name -> the module that defines it
+_API = {
+    "load_kernels": "kernels", "BUILTIN_MODULES": "kernels",
+    "gl_pair": "geometry", "GLPairGeometry": "geometry", "AdaptiveGeometry": "geometry",
+    "apgd": "apgd", "GramTable": "lazy_blocks",
+    "symmetry_map": "symmetry", "SymmetryMap": "symmetry", "PairGroup": "symmetry", "PairSpec": "symmetry",
+    "adaptive_sharpness": "sharpness", "geodesic_sharpness": "sharpness", "SharpnessResult": "sharpness",
+    "PerturbationSpace": "sharpness", "get_measure": "sharpness", "MEASURES": "sharpness",
+    "default_loss": "sharpness", "model_loss": "sharpness",
+    "orbit_invariance": "verification.orbits", "riemannian_gradient_norm": "verification.orbits",
+    "draw_orbit_elements": "verification.sampling", "verification_table": "verification.kernel_checks",
+    "load_model": "io.models", "load_data": "io.data", "split_batches": "io.data",
+    "kendall_with_ci": "stats",
+}
+
+__all__ = sorted(_API)
+
+
+def __getattr__(name):
+    if name in _API:
+        value = getattr(importlib.import_module(f"{__name__}.{_API[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_API))

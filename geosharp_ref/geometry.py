@@ -31,10 +31,11 @@ Riemannian gradient c² ⊙ ∇, flat (no geodesic correction).
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 import torch
+
+from .kernels import load_kernels
 
 __all__ = ["GLPairGeometry", "gl_pair", "AdaptiveGeometry", "METRICS"]
 
@@ -50,7 +51,7 @@ class GLPairGeometry:
 
     @property
     def kernels(self):
-        return importlib.import_module(f"codegen.generated.gl_{self.metric}")
+        return load_kernels(f"gl_{self.metric}")
 
     def _check(self, G, H, *tangents):
         if G.shape[:-2] != H.shape[:-2] or G.shape[-1] != H.shape[-1]:

@@ -9,7 +9,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-__all__ = ["plot_diagnet_scatter"]
+__all__ = ["plot_diagnet_scatter", "plot_population_scatter", "plot_tau_vs_rho"]
 
 _DIAG_PANELS = (("adaptive", "adaptive"), ("geodesic_inv", "geodesic, metric (5) inv"),
                 ("geodesic_mix", "geodesic, metric (6) mix"))
@@ -20,7 +20,7 @@ def plot_diagnet_scatter(columns: dict, gap, tau: dict, rhos, color=None, path=N
     """Paper Figure 3: generalisation gap against adaptive / geodesic (5) / geodesic (6) sharpness.
 
     ``columns`` maps ``f"{measure}@rho={rho:g}"`` to per-model arrays; ``tau[f"{rho:g}"][measure]`` is a
-    dict with ``tau`` and ``ci`` (as returned by :func:`geosharp_ref.diagnet.kendall_with_ci`).
+    dict with ``tau`` and ``ci`` (as returned by :func:`geosharp_ref.stats.kendall_with_ci`).
     One row of three panels per ρ. Written to ``path`` (PNG) when given; the Figure is returned."""
     rhos = list(rhos)
     gap = np.asarray(gap, dtype=float)
@@ -61,3 +61,58 @@ def plot_diagnet_scatter(columns: dict, gap, tau: dict, rhos, color=None, path=N
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=110)
     return fig
+
+
+def plot_tau_vs_rho(path, cfg, table, n_models):
+    """Kendall τ against ρ for each measure, with the bootstrap 95 % interval as a band. For a grid per
+    measure matched in perturbation size (``cfg["rho_grid"]`` with ``cfg["sizes"]``) the x axis is the
+    target relative size ‖Δθ‖/‖θ‖; for a grid without sizes, each measure's own ρ."""
+    fig = Figure(figsize=(5.2, 3.6), constrained_layout=True)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    rows = list(table)
+    sizes = cfg.get("sizes") if "rho_grid" in cfg else None
+    for m in cfg["measures"]:
+        if "rho_grid" in cfg:
+            x = list(sizes) if sizes else [float(r) for r in cfg["rho_grid"][m]]
+            order = sorted(range(len(rows)), key=lambda i: x[i])
+        else:
+            x = [float(r) for r in rows]
+            order = sorted(range(len(rows)), key=lambda i: x[i])
+        xs = [x[i] for i in order]
+        tau = [table[rows[i]][m]["tau"] for i in order]
+        lo = [table[rows[i]][m]["ci"][0] for i in order]
+        hi = [table[rows[i]][m]["ci"][1] for i in order]
+        line, = ax.plot(xs, tau, marker="o", label=m)
+        ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15)
+    ax.axhline(0.0, color="0.5", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("target ‖Δθ‖/‖θ‖ (ρ matched per measure)" if sizes else "ρ")
+    ax.set_ylabel("Kendall τ (sharpness, gap)")
+    ax.set_title(f"τ as a function of ρ ({n_models} models, 95 % bootstrap CI)", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=110)
+
+
+def plot_population_scatter(path, names, recs, gap, cfg, table):
+    """Paper Figures 4/5: generalisation gap against each measure at each ρ, τ and its interval in the titles."""
+    rows, meas = list(table), cfg["measures"]
+    grid = cfg.get("rho_grid") or {m: list(cfg["rhos"]) for m in meas}
+    fig = Figure(figsize=(4.2 * len(meas), 3.4 * len(rows)), constrained_layout=True)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(rows), len(meas), squeeze=False)
+    for i, row in enumerate(rows):
+        for j, m in enumerate(meas):
+            ax = axes[i][j]
+            r = grid[m][i]
+            x = [recs[n]["values"][m][r] for n in names]
+            ax.scatter(x, gap, s=14, alpha=0.8)
+            # τ only sees ranks: a log axis shows them when the values span decades
+            log = min(x) > 0 and max(x) > 20 * min(x)
+            if log:
+                ax.set_xscale("log")
+            t = table[row][m]
+            ax.set_title(f"{m}, ρ={r}: τ={t['tau']:+.2f} [{t['ci'][0]:+.2f}, {t['ci'][1]:+.2f}]", fontsize=9)
+            ax.set_xlabel("sharpness (log scale)" if log else "sharpness")
+            ax.set_ylabel("generalization gap")
+    fig.savefig(path, dpi=110)

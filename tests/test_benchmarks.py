@@ -6,9 +6,9 @@ import sys
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from geosharp_ref.sharpness import PerturbationSpace, geodesic_sharpness
+from tests.cases import TwoLayers
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,18 +27,6 @@ def test_bench_quick_runs_and_writes_report(tmp_path):
                     "page faults per iteration", "first runs 0 untimed iterations"):
         assert section in text
     assert (results.read_bytes() if results.exists() else None) == before
-
-
-class TwoLayers(nn.Module):
-    def __init__(self, d=8, heads=2):
-        super().__init__()
-        self.a1 = nn.MultiheadAttention(d, heads, batch_first=True)
-        self.a2 = nn.MultiheadAttention(d, heads, batch_first=True)
-        self.head = nn.Linear(d, 3)
-
-    def forward(self, x):
-        x = self.a1(x, x, x, need_weights=False)[0]
-        return self.head(self.a2(x, x, x, need_weights=False)[0].mean(1))
 
 
 def test_stacked_groups_match_per_group_path():
@@ -63,13 +51,10 @@ def test_stacked_groups_match_per_group_path():
 def test_flop_counter_counts_in_place_accumulated_products():
     """The runner's matmul-work column counts ``baddbmm_`` (Span.materialize accumulates products in
     place; torch's FlopCounterMode registers only the out-of-place op) exactly like ``bmm``."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "benchmarks" / "run.py")
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
+    from benchmarks.harness import flop_counter
     a, b, c = torch.randn(3, 5, 4), torch.randn(3, 4, 6), torch.zeros(3, 5, 6)
-    with run._flop_counter() as fc:
+    with flop_counter() as fc:
         c.baddbmm_(a, b)
-    with run._flop_counter() as ref:
+    with flop_counter() as ref:
         torch.bmm(a, b)
     assert fc.get_total_flops() == ref.get_total_flops() == 2 * 3 * 5 * 4 * 6

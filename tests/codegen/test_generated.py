@@ -10,17 +10,16 @@ from hypothesis import given, strategies as st
 
 from codegen.builtins import BUILTIN_GEOMETRIES, generate_builtins
 from codegen.generate import GENERATED_DIR
-from geosharp_ref.reference import geodesic_acceleration as koszul
-from geosharp_ref.verify_kernels import (
+from geosharp_ref.verification.kernel_checks import (
     acceleration_vs_koszul,
     geodesic_order,
     gradient_error,
     invariance_errors,
     projection_errors,
     second_order_vjp_error,
-    sample_point,
-    sample_tangent,
 )
+from geosharp_ref.verification.reference import geodesic_acceleration as koszul
+from geosharp_ref.verification.sampling import sample_point, sample_tangent
 
 MODULES = list(BUILTIN_GEOMETRIES)
 GL = ["gl_inv", "gl_mix"]
@@ -43,7 +42,7 @@ def test_generated_modules_carry_header_and_no_sympy():
 
 # -- rung 3: kernels vs the metric-only torch.func reference ----------------------------------------
 
-def _inv_metric(point, xi, eta):  # written by hand from DESIGN.md, independent of the engine
+def _inv_metric(point, xi, eta):  # written by hand from docs/MATH.md, independent of the engine
     G, H = point
     return (torch.trace(torch.linalg.solve(G.T @ G, xi[0].T @ eta[0]))
             + torch.trace(torch.linalg.solve(H.T @ H, xi[1].T @ eta[1])))

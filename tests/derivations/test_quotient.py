@@ -1,5 +1,5 @@
 """Rung 1 (symbolic) and rung 2 (elementwise Christoffel) of the verification ladder, plus the
-closed forms of DESIGN.md — all exact (rational arithmetic, zero tolerance)."""
+closed forms of docs/MATH.md — all exact (rational arithmetic, zero tolerance)."""
 import random
 
 import pytest
@@ -160,7 +160,7 @@ def test_matrix_level_acceleration_equals_elementwise_christoffel(key, sizes):
             else sp.simplify(got - reference[b]) == 0, (key, b)
 
 
-# -- DESIGN.md closed forms (cross-check, never used by the engine) ---------------------------------
+# -- docs/MATH.md closed forms (cross-check, never used by the engine) ---------------------------------
 
 def _closed_forms(kind, G, H, xG, xH):
     S, T = G.T * G, H.T * H

@@ -4,9 +4,9 @@ import math
 import numpy as np
 import torch
 from hypothesis import given, settings, strategies as st
-from scipy.optimize import brentq
 
-from geosharp_ref.apgd import apgd, apgd_checkpoints, radial_clip
+from geosharp_ref.apgd import apgd, apgd_checkpoints, lincomb, radial_clip
+from tests.cases import trust_region_max
 
 
 def test_checkpoints_follow_croce_hein_schedule():
@@ -40,23 +40,6 @@ class EuclideanBall:
     def project(self, xi, rho):
         n = float(self.inner(xi, xi)) ** 0.5
         return xi if n <= rho else [x * (rho / n) for x in xi]
-
-
-def trust_region_max(M, g, rho):
-    """max_{‖δ‖ ≤ ρ} ½ δᵀMδ + gᵀδ for symmetric M (secular equation; generic g)."""
-    w, V = np.linalg.eigh(M)
-    c = V.T @ g
-    if w[-1] <= 0 and np.linalg.norm(np.linalg.lstsq(-M, g, rcond=None)[0]) <= rho and np.all(w < 0):
-        d = np.linalg.solve(-M, g)
-        return 0.5 * d @ M @ d + g @ d
-    lo = max(w[-1], 0.0) + 1e-14
-    phi = lambda lam: np.linalg.norm(c / (lam - w)) - rho
-    hi = lo + 1.0
-    while phi(hi) > 0:
-        hi *= 2
-    lam = brentq(phi, lo + 1e-15 if phi(lo + 1e-15) > 0 else lo, hi, xtol=1e-15)
-    d = V @ (c / (lam - w))
-    return 0.5 * d @ M @ d + g @ d
 
 
 @settings(max_examples=10)
@@ -125,7 +108,6 @@ def test_radial_clip_device_path_matches_host_path(seed, scale, rho):
 def test_lincomb_equals_the_sum_and_leaves_its_terms_alone(seed, k, tensor_coefs):
     """Σ cᵢ ξᵢ (numbers or 0-d tensors as coefficients) = the sum written out, in float64; the terms
     are not modified (the first product is a new tensor, the others accumulate into it)."""
-    from geosharp_ref.apgd import lincomb
     g = torch.Generator().manual_seed(seed)
     vecs = [[torch.randn(3, 4, generator=g, dtype=torch.float64), torch.randn(5, generator=g, dtype=torch.float64)]
             for _ in range(k)]

@@ -3,13 +3,11 @@ take no page faults; without it glibc returns the memory to the kernel and fault
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from geosharp_ref.cpu_allocator import _glibc
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.cases import ROOT
 
 CHILD = r"""
 import json, resource, sys, torch

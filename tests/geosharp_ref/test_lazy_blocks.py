@@ -1,12 +1,11 @@
 """Spans (lazy block combinations): generated kernels evaluated on Spans equal the same kernels on
 tensors, with the Gram products counted, and the reductions equal their element-wise definitions."""
-import importlib
-
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from geosharp_ref.kernels import load_kernels
 from geosharp_ref.lazy_blocks import GramTable
 
 shapes = st.tuples(st.lists(st.integers(1, 3), max_size=2), st.integers(3, 9), st.integers(3, 9),
@@ -31,7 +30,7 @@ def test_generated_kernels_on_spans_equal_them_on_tensors(metric, shape, seed, e
     """Forward E(ξ), its VJP, 𝔾⁻¹ and the horizontal projection chained on Spans = on tensors (float64),
     with the Gram products the module doc promises: 4 for E (Gᵀξ_G, ξ_Gᵀξ_G and the H side), 4 more for
     the VJP (Gᵀū_G, ū_Gᵀξ_G, …), none for 𝔾⁻¹ and the projection once GᵀG, HᵀH are seeded."""
-    K = importlib.import_module(f"codegen.generated.gl_{metric}")
+    K = load_kernels(f"gl_{metric}")
     lead, n, m, h = shape
     G, H, xG, xH, cG, cH = _inputs(lead, n, m, h, seed)
     cache = K.prepare(G, H, eps=eps)
@@ -109,7 +108,7 @@ def test_span_misuse_is_refused():
 def test_generated_metric_on_spans_equals_it_on_tensors(metric, shape, seed, eps):
     """The generated ``inner`` ((M Xᵀ) ⊙ Yᵀ summed) on Spans = on tensors (float64), for a block and
     for a combination X = ξ A + G B; g(ξ, ξ) of a block costs one Gram product per side (ξᵀξ)."""
-    K = importlib.import_module(f"codegen.generated.gl_{metric}")
+    K = load_kernels(f"gl_{metric}")
     lead, n, m, h = shape
     G, H, xG, xH, _, _ = _inputs(lead, n, m, h, seed)
     cache = K.prepare(G, H, eps=eps)

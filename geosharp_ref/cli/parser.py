@@ -1,0 +1,256 @@
+"""The one argparse tree of the ``geosharp`` command line.
+
+Building it imports nothing heavy (no torch, no transformers, no SymPy), so ``geosharp --help`` and every
+subcommand's help start fast; each command's implementation lives in its own module of this package and
+is imported only when that command runs (:data:`COMMANDS`).
+"""
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["build_parser", "COMMANDS", "DATA_FORMAT", "POPULATION_TASKS", "MEASURE_NAMES"]
+
+#: command (or ``population`` action) -> the module of this package that runs it (``run(args)``)
+COMMANDS = {"derive": "derive", "demo": "demo", "evaluate": "evaluate", "verify": "verify", "diagnet": "diagnet",
+            "population": "population"}
+
+# Kept in step with geosharp_ref.studies.population.tasks.TASKS and geosharp_ref.sharpness.measures.MEASURES
+# (tests check both); spelled out here so that building the parser imports neither.
+POPULATION_TASKS = ("vision", "text", "minilm-seeds", "minilm-recipes")
+MEASURE_NAMES = ("adaptive", "geodesic-inv", "geodesic-mix", "geodesic-inv-first-order",
+                 "geodesic-mix-first-order", "geodesic-inv-frobenius", "geodesic-mix-frobenius",
+                 "adaptive-linearised", "geodesic-inv-linearised", "geodesic-mix-linearised")
+HEADLINE = MEASURE_NAMES[:3]
+ABLATIONS = MEASURE_NAMES[3:7]
+LINEARISED = MEASURE_NAMES[7:]
+POPULATION_RHOS = (0.003, 0.01, 0.03, 0.1)
+DIAGNET_RHOS = (0.001, 0.01, 0.1, 0.5)
+
+DATA_FORMAT = """\
+data file: written with torch.save({"inputs": X, "targets": y}, FILE), examples on the leading
+dimension of every tensor. X is a tensor (passed positionally) or a dict of tensors (passed as
+keyword arguments, e.g. {"input_ids": ..., "attention_mask": ...} or {"pixel_values": ...});
+y holds integer class indices for the logits ((examples,) for a classifier). The loss is the mean
+cross-entropy. MODEL_DIR is a local Hugging Face-format directory (save_pretrained); it is loaded
+with eager attention, never downloaded."""
+
+DESCRIPTION = ("geosharp: derive quotient geometries of parameter symmetries, generate verified PyTorch "
+               "kernels, and evaluate geodesic vs adaptive sharpness of real models.")
+
+POPULATION_EPILOG = """\
+Data split (fixed by --split-seed): a fixed permutation of the task's examples; the last n_test are the
+test set, the others the pool. A model trains on pool[:train_size]; sharpness is measured on the fixed
+subset pool[:batches * batch_size] (clean labels, fixed batches), inside every model's training set
+whenever train_size >= batches * batch_size. Gap = test error - train error.
+
+Every stage resumes: model directories appear atomically, every evaluated model is appended and
+fsync'd to results.jsonl at once; under torchrun the ranks take disjoint shards of the models."""
+
+
+def _add_derive(sub):
+    p = sub.add_parser("derive", help="derive geometries and generate PyTorch kernel modules",
+                       description="Derive quotient geometries symbolically and generate their batched PyTorch "
+                                   "kernel modules (the built-ins, or the metrics declared in a spec file).")
+    p.add_argument("--spec", metavar="FILE.py",
+                   help="a Python file declaring SPEC = {module_name: Metric} (your own symmetry)")
+    p.add_argument("--out", metavar="DIR", help="output directory (default: the package's codegen/generated for "
+                                                "built-ins, ./generated_kernels for --spec)")
+    p.add_argument("--check", action="store_true", help="only check that the files on disk are up to date")
+
+
+def _add_demo(sub):
+    p = sub.add_parser("demo", help="derive, generate and verify the built-in geometries, then run a small "
+                                    "population study (tiny ViTs: train, evaluate, Kendall τ)",
+                       description="Derive, generate and verify the built-in geometries, then train, evaluate "
+                                   "and correlate a small population of tiny ViTs on sklearn digits.")
+    p.add_argument("--population-out", default="demo_population", metavar="DIR",
+                   help="where the demo population is trained and evaluated (default ./demo_population; "
+                        "a rerun resumes)")
+    p.add_argument("--population-models", type=int, default=12, metavar="N",
+                   help="models in the demo population (default 12; 0 skips the study)")
+
+
+def _add_evaluate(sub):
+    p = sub.add_parser("evaluate", help="adaptive or geodesic sharpness of a saved model on a saved data set",
+                       description="Worst-case adaptive or geodesic sharpness (Auto-PGD) of a local model, "
+                                   "averaged over the first N·B examples of FILE split into N batches of B.",
+                       epilog=DATA_FORMAT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model_dir", metavar="MODEL_DIR", help="local Hugging Face-format model directory")
+    p.add_argument("--data", required=True, metavar="FILE", help="data file (format below)")
+    p.add_argument("--rho", type=float, required=True, metavar="R", help="radius of the perturbation ball (> 0)")
+    p.add_argument("--metric", required=True, choices=("adaptive", "inv", "mix"),
+                   help="adaptive sharpness, or geodesic sharpness with the inv / mix quotient metric")
+    p.add_argument("--batches", type=int, metavar="N", help="number of batches (default: all full batches)")
+    p.add_argument("--batch-size", type=int, default=32, metavar="B", help="examples per batch (default 32)")
+    p.add_argument("--iters", type=int, default=20, metavar="K", help="Auto-PGD iterations per batch (default 20)")
+    p.add_argument("--eps", type=float, default=0.0,
+                   help="Gram relaxation XᵀX + εI for rank-deficient heads (geodesic only; default 0)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--float64", action="store_true", help="evaluate in float64 (a copy of the model)")
+    p.add_argument("--no-geodesic-correction", action="store_true",
+                   help="ablation: θ + ξ instead of the second-order geodesic (geodesic only)")
+    p.add_argument("--no-metric-norm", action="store_true",
+                   help="ablation: Frobenius norm on the GL(h) pairs (geodesic only)")
+    p.add_argument("--gradient", choices=("exact", "perturbed"), default="exact",
+                   help="gradient in ξ: 'exact' differentiates through the ½γ̈ correction (default); "
+                        "'perturbed' takes ∇L at the perturbed weights as in the paper's Algorithm 1 "
+                        "(faster backward, geodesic only)")
+    p.add_argument("--num-labels", type=int, metavar="K",
+                   help="for a checkpoint without a classification head (BertModel, a sentence-transformers "
+                        "folder, a ViT backbone): attach a seeded K-class head and fit it as a linear probe on the "
+                        "data with the backbone frozen (accuracy printed and saved)")
+    p.add_argument("--json", metavar="OUT", help="write the result (SharpnessResult.to_dict() plus model "
+                                                 "and data paths) as JSON; parent directories are created")
+
+
+def _add_verify(sub):
+    p = sub.add_parser("verify", help="check that output and geodesic sharpness are invariant along "
+                                      "GL(h) orbits of a saved model",
+                       description="Orbit-invariance check: per scale a, draw A = a·Q·diag(u) per head "
+                                   "(Q orthogonal, u ~ U[0.5, 2]), apply SymmetryMap.act to a float64 copy "
+                                   "and compare logits, geodesic sharpness (inv, mix), Riemannian gradient "
+                                   "norms and adaptive sharpness. Exit code 0 when everything but adaptive "
+                                   "sharpness changes by at most 1e-6 (relative), 1 otherwise.",
+                       epilog=DATA_FORMAT + "\nWithout --data a random batch that fits the model is used.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model_dir", metavar="MODEL_DIR", help="local Hugging Face-format model directory")
+    p.add_argument("--data", metavar="FILE", help="data file (format below); its first --batch-size examples")
+    p.add_argument("--rho", type=float, default=0.05, metavar="R", help="radius (default 0.05)")
+    p.add_argument("--scales", default="0.01,1,100", help="comma-separated scales a (default 0.01,1,100)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--iters", type=int, default=5, metavar="K", help="Auto-PGD iterations (default 5)")
+    p.add_argument("--batch-size", type=int, default=4, metavar="B", help="examples in the batch (default 4)")
+    p.add_argument("--num-labels", type=int, metavar="K",
+                   help="for a checkpoint without a classification head (BertModel, a sentence-transformers "
+                        "folder, a ViT backbone): attach a seeded K-class head and fit it as a linear probe on the "
+                        "data with the backbone frozen (accuracy printed and saved)")
+
+
+def _add_diagnet(sub):
+    p = sub.add_parser("diagnet", help="diagonal-network experiment (paper Figure 3)",
+                       description="Train a population of diagonal linear networks, compute adaptive and geodesic "
+                                   "(inv, mix) sharpness and their Kendall tau with the generalisation gap; writes "
+                                   "results.json, models.csv, diagnet.png.")
+    p.add_argument("--models", type=int, default=50, help="number of models (default 50, at least 3)")
+    p.add_argument("--seed", type=int, default=0, help="random seed: data and hyper-parameters (default 0)")
+    p.add_argument("--out", default="diagnet_out", metavar="DIR", help="output directory (default ./diagnet_out)")
+    p.add_argument("--rho", type=float, nargs="+", default=list(DIAGNET_RHOS), metavar="R",
+                   help=f"perturbation radii (default {' '.join(map(str, DIAGNET_RHOS))})")
+    p.add_argument("--iters", type=int, default=100, metavar="K", help="Auto-PGD iterations (default 100)")
+    p.add_argument("--apgd-models", type=int, default=None, metavar="N",
+                   help="run the Auto-PGD verification on the first N models only (default: all)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _population_training_options(p, with_split_seed):
+    p.add_argument("--task", choices=POPULATION_TASKS, default="vision",
+                   help="vision: tiny ViTs on sklearn digits; text: tiny BERTs on BBC News; minilm-seeds / "
+                        "minilm-recipes: fine-tunes of the pretrained all-MiniLM-L6-v2 on BBC News headlines "
+                        "(default vision)")
+    p.add_argument("--models", type=int, default=32, metavar="N", help="number of models (default 32)")
+    p.add_argument("--seed", type=int, default=0, help="hyper-parameter seed (default 0)")
+    if with_split_seed:
+        p.add_argument("--split-seed", type=int, default=0, help="train/test split seed (default 0)")
+    p.add_argument("--epochs-max", type=int, default=None, metavar="E",
+                   help="largest number of epochs drawn (default: the task's)")
+    p.add_argument("--train-size-max", type=int, default=None, metavar="N",
+                   help="cap on the training-set sizes drawn (default: none)")
+    p.add_argument("--workers", type=int, default=2, metavar="W", help="1-thread training processes (default 2)")
+
+
+def _population_evaluation_options(p, study=False):
+    """Evaluation options; for ``study`` they default to the task's protocol (None here)."""
+    task_default = "the task's protocol, else " if study else ""
+    p.add_argument("--rho", type=float, nargs="+", default=None if study else list(POPULATION_RHOS), metavar="R",
+                   help=f"ρ sweep for every measure (default {task_default}{' '.join(map(str, POPULATION_RHOS))})")
+    p.add_argument("--measures", nargs="+", default=None if study else list(HEADLINE), choices=MEASURE_NAMES,
+                   metavar="M", help=f"default {task_default}adaptive geodesic-inv geodesic-mix; ablations: "
+                                     + " ".join(ABLATIONS) + "; first-order (ρ times the gradient's dual norm): "
+                                     + " ".join(LINEARISED))
+    p.add_argument("--batches", type=int, default=None if study else 4, metavar="N",
+                   help=f"fixed training batches (default {task_default}4)")
+    p.add_argument("--batch-size", type=int, default=None if study else 32, metavar="B",
+                   help=f"examples per batch (default {task_default}32; batches × batch size should not exceed "
+                        f"the smallest training set)")
+    p.add_argument("--iters", type=int, default=None if study else 20, metavar="K",
+                   help=f"Auto-PGD iterations (default {task_default}20)")
+
+
+def _add_population(sub):
+    raw = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser("population", help="populations of transformers: train, evaluate sharpness, Kendall τ "
+                                          "against the generalisation gap (resumable, torchrun-aware)",
+                       description="Populations of transformers (tiny ViTs on sklearn digits, tiny BERTs on BBC "
+                                   "News, fine-tunes of a pretrained MiniLM) and the sharpness-vs-generalisation "
+                                   "study (Kendall τ).", epilog=POPULATION_EPILOG, formatter_class=raw)
+    acts = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    t = acts.add_parser("train", help="train (or resume training) a population")
+    t.add_argument("--out", required=True, metavar="DIR", help="population directory")
+    _population_training_options(t, with_split_seed=True)
+    t.add_argument("--no-progress", action="store_true", help="no progress bars")
+    e = acts.add_parser("evaluate", help="adaptive / geodesic-inv / geodesic-mix sharpness of every model "
+                                         "(resumable; under torchrun the ranks share the models)")
+    e.add_argument("--out", required=True, metavar="DIR", help="population directory")
+    _population_evaluation_options(e)
+    e.add_argument("--calibration", action="store_true",
+                   help="use the radii of DIR/calibration.json (see calibrate) instead of --rho: one grid per "
+                        "measure, matched in relative weight change")
+    e.add_argument("--tag", default="", help="name of this evaluation (separate results-TAG.jsonl, "
+                                             "evaluation-TAG.json, correlation-TAG.*), e.g. for ablations")
+    e.add_argument("--seed", type=int, default=0, help="Auto-PGD seed (default 0)")
+    e.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
+    e.add_argument("--no-progress", action="store_true", help="no progress bars")
+    st = acts.add_parser("study", help="train, evaluate and correlate in one command (each stage resumes)")
+    st.add_argument("--out", required=True, metavar="DIR", help="population directory")
+    _population_training_options(st, with_split_seed=False)
+    _population_evaluation_options(st, study=True)
+    st.add_argument("--sizes", type=float, nargs="+", default=None, metavar="S",
+                    help="target relative weight changes ‖Δθ‖/‖θ‖: calibrate the radii per measure to them and "
+                         "evaluate on that grid (default: the task's protocol; minilm tasks: 2e-5 2e-4)")
+    st.add_argument("--bootstrap", type=int, default=1000, metavar="N", help="bootstrap resamples (default 1000)")
+    st.add_argument("--no-progress", action="store_true", help="no progress bars")
+    cal = acts.add_parser("calibrate", help="choose ρ per measure so that the relative weight change "
+                                            "‖Δθ‖/‖θ‖ is the same across measures (matched perturbation size)")
+    cal.add_argument("--out", required=True, metavar="DIR", help="population directory")
+    cal.add_argument("--sizes", type=float, nargs="+", required=True, metavar="S",
+                     help="target relative weight changes, e.g. 2e-5 2e-4")
+    cal.add_argument("--measures", nargs="+", default=list(HEADLINE), choices=HEADLINE + ABLATIONS, metavar="M",
+                     help="measures to calibrate (default adaptive geodesic-inv geodesic-mix)")
+    cal.add_argument("--models", type=int, default=3, metavar="N",
+                     help="calibrate on the first N models (default 3)")
+    cal.add_argument("--batch-size", type=int, default=32, metavar="B",
+                     help="examples of the first sharpness batch used (default 32)")
+    cal.add_argument("--probe-rho", type=float, nargs=2, default=[0.01, 0.03], metavar="R",
+                     help="the two probe radii of the fit (default 0.01 0.03)")
+    cal.add_argument("--iters", type=int, default=10, metavar="K", help="Auto-PGD iterations (default 10)")
+    cal.add_argument("--no-progress", action="store_true", help="no progress bars")
+    i = acts.add_parser("import", help="register a real population from local paths (model-soups CLIP "
+                                       "state dicts or Hugging Face checkpoints) for evaluate/correlate")
+    i.add_argument("--out", required=True, metavar="DIR", help="population directory to create")
+    i.add_argument("--models", required=True, nargs="+", metavar="PATH",
+                   help="model files (model_i.pt, model-soups format) or Hugging Face model directories")
+    i.add_argument("--metrics", required=True, metavar="CSV",
+                   help="CSV with a `model` column and `gap`, or train_error+test_error, or "
+                        "train_accuracy+test_accuracy")
+    i.add_argument("--data", required=True, metavar="FILE",
+                   help='sharpness examples: torch.save({"inputs": ..., "targets": ...}, FILE)')
+    i.add_argument("--loader", choices=("auto", "clip-soups", "hf"), default="auto",
+                   help="model format (default auto: .pt/.pth files are model-soups, directories Hugging Face)")
+    c = acts.add_parser("correlate", help="Kendall τ with bootstrap CIs per measure and ρ; JSON, CSV, PNG, table")
+    c.add_argument("--out", required=True, metavar="DIR", help="population directory")
+    c.add_argument("--bootstrap", type=int, default=1000, metavar="N", help="bootstrap resamples (default 1000)")
+    c.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    c.add_argument("--no-plot", action="store_true", help="no PNG plots")
+    c.add_argument("--tag", default="", help="which evaluation to correlate (see evaluate --tag)")
+    c.add_argument("--where", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="only models with these hyper-parameters, e.g. label_noise=0 augment=false "
+                        "(outputs correlation-KEY=VALUE.*)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole ``geosharp`` parser: one subparser per command (see :data:`COMMANDS`)."""
+    parser = argparse.ArgumentParser(prog="geosharp", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_derive, _add_demo, _add_evaluate, _add_verify, _add_diagnet, _add_population):
+        add(sub)
+    return parser

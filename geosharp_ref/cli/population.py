@@ -1,0 +1,59 @@
+"""``geosharp population train|evaluate|study|import|correlate``: the population study's actions."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import distributed as gdist
+from ..studies.population.calibration import CALIBRATION, calibrate_population, calibrated_grid, read_calibration
+from ..studies.population.correlation import correlate_population, parse_where
+from ..studies.population.evaluation import evaluate_population
+from ..studies.population.importing import import_population
+from ..studies.population.manifest import MANIFEST, population_files
+from ..studies.population.study import run_study
+from ..studies.population.training import train_population
+
+__all__ = ["run"]
+
+
+def run(args) -> int:
+    """Run one population action (errors propagate to the CLI's one-line error handler)."""
+    if args.action == "train":
+        man = train_population(args.out, n_models=args.models, seed=args.seed, split_seed=args.split_seed,
+                               epochs_max=args.epochs_max, workers=args.workers, task=args.task,
+                               train_size_max=args.train_size_max, progress=not args.no_progress)
+        gaps = [m["metrics"]["gap"] for m in man["models"]]
+        print(f"{len(gaps)} models in {args.out}; gap min {min(gaps):.3f} max {max(gaps):.3f}")
+    elif args.action == "evaluate":
+        rhos, sizes = args.rho, None
+        if args.calibration:
+            cal = read_calibration(args.out)
+            rhos, sizes = calibrated_grid(cal, args.measures), cal["settings"]["sizes"]
+        with gdist.maybe_init():
+            recs = evaluate_population(args.out, rhos=rhos, sizes=sizes, measures=args.measures,
+                                       n_batches=args.batches, batch_size=args.batch_size, n_iter=args.iters,
+                                       seed=args.seed, threads=args.threads, progress=not args.no_progress,
+                                       tag=args.tag)
+            if gdist.rank_world()[0] == 0:
+                print(f"{len(recs)} models evaluated -> {Path(args.out) / population_files(args.tag)['results']}")
+    elif args.action == "study":
+        run_study(args.out, task=args.task, n_models=args.models, seed=args.seed, epochs_max=args.epochs_max,
+                  train_size_max=args.train_size_max, workers=args.workers, rhos=args.rho,
+                  n_batches=args.batches, batch_size=args.batch_size, n_iter=args.iters, measures=args.measures,
+                  sizes=args.sizes, n_boot=args.bootstrap, progress=not args.no_progress)
+    elif args.action == "calibrate":
+        cal = calibrate_population(args.out, args.sizes, measures=args.measures, models=args.models,
+                                   batch_size=args.batch_size, probe_rhos=args.probe_rho, n_iter=args.iters,
+                                   progress=not args.no_progress)
+        for m, rs in cal["grid"].items():
+            print(f"{m:>14s}: ρ " + ", ".join(f"{r:g}" for r in rs) + "  (‖Δθ‖/‖θ‖ " +
+                  ", ".join(f"{x:g}" for x in cal["settings"]["sizes"]) + f"; slope {cal['fit'][m]['slope']:.2f})")
+        print(f"written: {Path(args.out) / CALIBRATION}; next: geosharp population evaluate --out {args.out} "
+              f"--calibration")
+    elif args.action == "import":
+        man = import_population(args.out, args.models, args.metrics, args.data, loader=args.loader)
+        print(f"{len(man['models'])} models registered in {Path(args.out) / MANIFEST}; next: "
+              f"geosharp population evaluate --out {args.out}")
+    else:
+        correlate_population(args.out, n_boot=args.bootstrap, seed=args.seed, plot=not args.no_plot,
+                             tag=args.tag, where=parse_where(args.where))
+    return 0

@@ -1,0 +1,109 @@
+"""Data files and batches for sharpness evaluation.
+
+Data file format (``--data``)::
+
+    torch.save({"inputs": tensor_or_dict_of_tensors, "targets": tensor}, "data.pt")
+
+Every tensor has the examples on its leading dimension. ``inputs`` is passed to the model as the first
+positional argument (a tensor) or as keyword arguments (a dict, e.g. ``{"input_ids": ...,
+"attention_mask": ...}`` or ``{"pixel_values": ...}``; non-tensor values are passed unchanged to every
+batch). ``targets`` are integer class indices for the model's logits: shape (examples,) for a
+classifier, (examples, L) for per-token logits. The loss is the mean cross-entropy.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..sharpness.loss import call_model, model_logits
+
+__all__ = ["load_data", "slice_examples", "split_batches", "random_batch", "slice_inputs"]
+
+
+def load_data(path):
+    """``(inputs, targets, n_examples)`` from a file written by ``torch.save({"inputs", "targets"})``."""
+    p = Path(path)
+    fmt = 'torch.save({"inputs": tensor or dict of tensors, "targets": tensor}, FILE)'
+    if not p.is_file():
+        raise FileNotFoundError(f"data file {str(path)!r} does not exist (expected a file written with {fmt})")
+    try:
+        obj = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ValueError(f"could not read data file {str(p)!r} ({exc}); expected a file written with {fmt}") from exc
+    if not (isinstance(obj, dict) and "inputs" in obj and "targets" in obj):
+        got = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
+        raise ValueError(f"data file {str(p)!r} must hold a dict with keys 'inputs' and 'targets' "
+                         f"(written with {fmt}); got {got}")
+    inputs, targets = obj["inputs"], obj["targets"]
+    if not torch.is_tensor(targets) or targets.dim() == 0:
+        raise ValueError(f"data file {str(p)!r}: 'targets' must be a tensor with the examples on dim 0")
+    n = targets.shape[0]
+    if isinstance(inputs, dict):
+        tensors = {k: v for k, v in inputs.items() if torch.is_tensor(v)}
+        if not tensors:
+            raise ValueError(f"data file {str(p)!r}: 'inputs' is a dict without tensors")
+    elif torch.is_tensor(inputs):
+        tensors = {"inputs": inputs}
+    else:
+        raise ValueError(f"data file {str(p)!r}: 'inputs' must be a tensor or a dict of tensors, "
+                         f"got {type(inputs).__name__}")
+    for k, v in tensors.items():
+        if v.dim() == 0 or v.shape[0] != n:
+            raise ValueError(f"data file {str(p)!r}: inputs {k!r} has shape {tuple(v.shape)} but targets have "
+                             f"{n} examples; every tensor needs the examples on its leading dimension")
+    return inputs, targets, n
+
+
+def slice_examples(x, a, b):
+    """Examples ``a:b`` of inputs: a tensor, or a dict of tensors (other values passed unchanged)."""
+    if isinstance(x, dict):
+        return {k: (v[a:b] if torch.is_tensor(v) else v) for k, v in x.items()}
+    return x[a:b]
+
+
+def split_batches(inputs, targets, n_batches, batch_size, source="data file"):
+    """The first ``n_batches · batch_size`` examples, in order, as ``n_batches`` (inputs, targets) pairs."""
+    n = targets.shape[0]
+    need = n_batches * batch_size
+    if n < need:
+        raise ValueError(f"{source} has only {n} examples; {n_batches} batches × {batch_size} = {need} needed "
+                         f"(lower --batches or --batch-size)")
+    return [(slice_examples(inputs, i * batch_size, (i + 1) * batch_size), targets[i * batch_size:(i + 1) * batch_size])
+            for i in range(n_batches)]
+
+
+def random_batch(model, batch_size=4, seq_len=8, seed=0):
+    """A random (inputs, targets) batch that fits ``model``: ``input_ids`` over ``config.vocab_size``
+    for text models, ``pixel_values`` of ``config.image_size``/``num_channels`` for vision models;
+    targets uniform over the logits' last dimension (``config.num_labels`` for a classifier)."""
+    gen = torch.Generator().manual_seed(seed)
+    cfg = model.config
+    name = getattr(model, "main_input_name", "input_ids")
+    if name == "input_ids":
+        vocab = getattr(cfg, "vocab_size", None)
+        if not vocab:
+            raise ValueError(f"{type(model).__name__}: config has no vocab_size; pass --data")
+        max_pos = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+        L = seq_len if not max_pos else max(1, min(seq_len, max_pos - 2))  # RoBERTa offsets positions by 2
+        inputs = {"input_ids": torch.randint(vocab, (batch_size, L), generator=gen)}
+    elif name == "pixel_values":
+        size = getattr(cfg, "image_size", None)
+        if size is None:
+            raise ValueError(f"{type(model).__name__}: config has no image_size; pass --data")
+        hw = tuple(size) if isinstance(size, (tuple, list)) else (size, size)
+        c = getattr(cfg, "num_channels", 3)
+        dtype = next(model.parameters()).dtype
+        inputs = {"pixel_values": torch.randn((batch_size, c) + hw, generator=gen, dtype=dtype)}
+    else:
+        raise ValueError(f"cannot build a random batch for a model whose main input is {name!r}; pass --data")
+    with torch.no_grad():
+        logits = model_logits(call_model(model, dict(model.named_parameters()), inputs))
+    num_labels = logits.shape[-1]
+    targets = torch.randint(num_labels, tuple(logits.shape[:-1]), generator=gen)
+    return inputs, targets
+
+
+def slice_inputs(inputs: dict, index) -> dict:
+    """``{k: v[index]}`` for every tensor of an inputs dict."""
+    return {k: v[index] for k, v in inputs.items()}

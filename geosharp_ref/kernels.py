@@ -1,0 +1,54 @@
+"""The one place that loads generated kernel modules (no SymPy: generated modules need only torch).
+
+A kernel module is what ``geosharp derive`` writes for one quotient geometry: ``BLOCKS``,
+``BLOCK_SHAPES`` and batched functions (``inner``, ``horizontal_projection``, ``riemannian_gradient``,
+``geodesic_acceleration``, ``second_order_geodesic``, ``act``, …). :func:`load_kernels` returns
+
+* a built-in module by name (``"gl_inv"``, ``"gl_mix"``, ``"diag_inv"``, ``"diag_mix"``, ``"scaling"``,
+  ``"translation"``: ``codegen/generated/<name>.py``),
+* a module written by ``geosharp derive --spec`` from its file path (``generated_kernels/lora.py``),
+* or a module object, passed through.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+__all__ = ["load_kernels", "BUILTIN_MODULES"]
+
+#: the kernel modules generated from the built-in geometries (``codegen/generated``)
+BUILTIN_MODULES = ("gl_inv", "gl_mix", "diag_inv", "diag_mix", "scaling", "translation")
+
+
+def load_kernels(name) -> ModuleType:
+    """The generated kernel module ``name``: a built-in name, a ``.py`` path, or a module (returned)."""
+    if isinstance(name, ModuleType):
+        return name
+    if isinstance(name, Path) or (isinstance(name, str) and name.endswith(".py")):
+        return _load_file(Path(name))
+    if name not in BUILTIN_MODULES:
+        raise ValueError(f"unknown kernel module {name!r}; choose one of {list(BUILTIN_MODULES)} or give the "
+                         f"path of a module written by `geosharp derive --spec`")
+    return importlib.import_module(f"codegen.generated.{name}")
+
+
+def _load_file(path: Path) -> ModuleType:
+    path = path.resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"kernel module {str(path)!r} does not exist; write it with "
+                                f"`geosharp derive --spec FILE.py --out DIR`")
+    key = f"geosharp_user_kernels.{path.stem}_{abs(hash(str(path))):x}"
+    if key in sys.modules:
+        return sys.modules[key]
+    spec = importlib.util.spec_from_file_location(key, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[key] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except Exception:
+        del sys.modules[key]
+        raise
+    return mod

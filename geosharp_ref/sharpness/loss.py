@@ -1,0 +1,81 @@
+"""How a model's loss is computed from functional parameters (no parameter is ever modified).
+
+``model_loss(model, params, (inputs, targets), loss_fn)`` calls the model with ``params`` through
+``torch.func.functional_call`` (inputs: a tensor passed positionally, or a dict passed as keyword
+arguments), takes its logits (``.logits`` if present, the first element of a tuple, or the output)
+and applies ``loss_fn`` (default: mean cross-entropy over all positions).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+__all__ = ["model_logits", "check_targets", "default_loss", "call_model", "model_loss", "to_device", "check_finite_batch"]
+
+
+def model_logits(out):
+    """The logits of a model output: ``.logits``, the first element of a tuple, or the output itself (a
+    backbone's hidden states are refused: it has no logits)."""
+    if hasattr(out, "last_hidden_state") and getattr(out, "logits", None) is None:
+        raise ValueError("the model returned hidden states, not logits (a backbone without a task head); attach "
+                         "a head first (geosharp evaluate/verify --num-labels K fits one as a linear probe)")
+    if hasattr(out, "logits"):
+        return out.logits
+    if isinstance(out, (tuple, list)):
+        return out[0]
+    return out
+
+
+def check_targets(logits, targets) -> None:
+    """Targets fit the logits: integer class indices in [0, C) of shape ``logits.shape[:-1]``."""
+    if not torch.is_tensor(targets):
+        raise ValueError(f"targets must be a tensor of class indices, got {type(targets).__name__}")
+    if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
+        raise ValueError(f"targets must be integer class indices (torch.long), got dtype {targets.dtype}; "
+                         f"convert them with targets.long() if they are whole numbers")
+    if tuple(targets.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(f"targets of shape {tuple(targets.shape)} do not match the model's logits of shape "
+                         f"{tuple(logits.shape)}: expected {tuple(logits.shape[:-1])} (one class index per "
+                         f"example, or per position for per-token logits)")
+    C = logits.shape[-1]
+    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= C):
+        bad = targets[(targets < 0) | (targets >= C)]
+        raise ValueError(f"targets must be class indices in [0, {C}) for this model's {C} logits; found "
+                         f"{sorted(set(bad.tolist()))[:5]} (a label set larger than the model's head? "
+                         f"fit a head with --num-labels K)")
+
+
+def default_loss(logits, targets):
+    """Mean cross-entropy over all positions (logits (..., C), integer targets (...)); targets that do not
+    fit the logits are refused with a clear message (:func:`check_targets`)."""
+    check_targets(logits, targets)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def call_model(model, params, inputs):
+    if isinstance(inputs, dict):
+        return functional_call(model, params, args=(), kwargs=inputs)
+    return functional_call(model, params, args=(inputs,))
+
+
+def model_loss(model, params, batch, loss_fn=default_loss):
+    inputs, targets = batch
+    return loss_fn(model_logits(call_model(model, params, inputs)), targets)
+
+
+def to_device(x, device, dtype):
+    if isinstance(x, dict):
+        return {k: to_device(v, device, dtype) for k, v in x.items()}
+    if torch.is_tensor(x):
+        x = x.to(device)
+        return x.to(dtype) if x.is_floating_point() else x
+    return x
+
+
+def check_finite_batch(batch, i):
+    inputs, targets = batch
+    items = inputs.items() if isinstance(inputs, dict) else [("inputs", inputs)]
+    for name, t in list(items) + [("targets", targets)]:
+        if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(t).all():
+            raise ValueError(f"batch {i}: {name} contains NaN or inf; clean the data before evaluating")

@@ -1,0 +1,286 @@
+"""Entry points: adaptive and geodesic sharpness of a whole model, and the named measures.
+
+    adaptive_sharpness(model, batches, rho)                 max_{‖δ‖₂ ≤ ρ} L(θ + |θ| ⊙ δ) − L(θ)
+    geodesic_sharpness(model, batches, rho, metric="mix")   max_{ξ horizontal, ‖ξ‖_g ≤ ρ} L(γ_ξ(1)) − L(θ)
+
+both averaged over the batches, each batch maximised by Auto-PGD (:func:`geosharp_ref.apgd.apgd`) in
+the :class:`~geosharp_ref.sharpness.space.PerturbationSpace` of the model. :data:`MEASURES` names the
+measures of the paper and its ablations (App. G) for studies and the command line.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+import torch
+
+from ..apgd import apgd
+from ..symmetry import symmetry_map as build_symmetry_map
+from .loss import check_finite_batch, default_loss, model_loss, to_device
+from .space import PerturbationSpace
+
+__all__ = ["SharpnessResult", "relative_perturbation", "adaptive_sharpness", "geodesic_sharpness", "Measure", "MEASURES",
+           "HEADLINE_MEASURES", "ABLATION_MEASURES", "LINEARISED_MEASURES", "get_measure", "prepare_inputs",
+           "gradient_dual_norm", "linearised_sharpness"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Results
+# ------------------------------------------------------------------------------------------------
+
+@dataclass
+class SharpnessResult:
+    """Sharpness averaged over batches, with everything needed to audit it."""
+
+    measure: str
+    rho: float
+    mean: float
+    per_batch: list
+    loss_before: list
+    loss_after: list
+    perturbation_norms: list
+    seconds: float
+    config: dict = field(default_factory=dict)
+    trajectories: list = field(default_factory=list, repr=False)
+    #: per batch, ‖Δθ‖/‖θ‖ of the best perturbation found (Δθ = γ_ξ(1) − θ over every parameter; 0 where
+    #: no perturbation raised the loss): the size that makes measures comparable at matched perturbation
+    relative_size: list = field(default_factory=list)
+    #: per batch, the same ratio within each parameter group (``gl_pairs``: parameters covered by a GL(h)
+    #: pair group; ``rest``: the others)
+    relative_size_groups: list = field(default_factory=list)
+
+    @property
+    def median_relative_size(self) -> float:
+        """The median over batches of :attr:`relative_size`."""
+        v = sorted(self.relative_size)
+        if not v:
+            return float("nan")
+        k = len(v) // 2
+        return v[k] if len(v) % 2 else 0.5 * (v[k - 1] + v[k])
+
+    def to_dict(self, trajectories: bool = False):
+        d = asdict(self)
+        if not trajectories:
+            d.pop("trajectories")
+        return d
+
+
+# ------------------------------------------------------------------------------------------------
+
+def prepare_inputs(model, batches, rho, dtype):
+    if isinstance(rho, bool) or not (isinstance(rho, (int, float)) and rho > 0 and math.isfinite(rho)):
+        raise ValueError(f"rho must be a positive finite number, got {rho!r}")
+    batches = list(batches)
+    if not batches:
+        raise ValueError("no batches given: pass at least one (inputs, targets) batch")
+    for i, b in enumerate(batches):
+        if not (isinstance(b, (tuple, list)) and len(b) == 2):
+            raise ValueError(f"batch {i} must be a pair (inputs, targets), got {type(b).__name__}")
+        check_finite_batch(b, i)
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    for n, p in params.items():
+        if p.is_floating_point() and not torch.isfinite(p).all():
+            raise ValueError(f"parameter {n!r} contains NaN or inf; sharpness is undefined")
+    device = next(iter(params.values())).device
+    dtype = dtype or next(iter(params.values())).dtype
+    params = {n: p.to(dtype) for n, p in params.items()}
+    batches = [(to_device(x, device, dtype), to_device(y, device, None)) for x, y in batches]
+    return params, batches, device, dtype
+
+
+def relative_perturbation(params: dict, perturbed: dict, pair_params=()) -> dict:
+    """``{"overall": ‖Δθ‖/‖θ‖, "gl_pairs": …, "rest": …}`` with Δθ = perturbed − params, the norms taken
+    over all floating-point parameters, those named in ``pair_params``, and the others (a group without
+    parameters, or of zero norm, is left out)."""
+    sums = {"overall": [0.0, 0.0], "gl_pairs": [0.0, 0.0], "rest": [0.0, 0.0]}
+    pair_params = set(pair_params)
+    with torch.no_grad():
+        for n, p in params.items():
+            if not p.is_floating_point():
+                continue
+            d2 = float((perturbed[n] - p).double().square().sum())
+            p2 = float(p.double().square().sum())
+            for key in ("overall", "gl_pairs" if n in pair_params else "rest"):
+                sums[key][0] += d2
+                sums[key][1] += p2
+    return {k: math.sqrt(d2 / p2) for k, (d2, p2) in sums.items() if p2 > 0}
+
+
+def _model_space(model, batches, rho, dtype, smap, **space_options):
+    """Checked inputs, the model in the evaluation dtype and its perturbation space (the pairs of ``smap``,
+    the rest adaptive; ``smap`` None: adaptive everywhere)."""
+    params, batches, _, dtype = prepare_inputs(model, batches, rho, dtype)
+    if dtype != next(model.parameters()).dtype:
+        model = copy.deepcopy(model).to(dtype)
+    groups, masks = ((), None) if smap is None else (smap.groups, smap.adaptive_masks)
+    return model, params, batches, dtype, groups, PerturbationSpace(params, groups, masks, **space_options)
+
+
+def _evaluate(model, measure, batches, rho, *, metric=None, smap=None, n_iter=20, loss_fn=default_loss,
+              eps=0.0, geodesic_correction=True, metric_norm=True, gradient="exact", random_start=False, seed=0,
+              dtype=None, exclude=(), adaptive_offset=0.0, progress=False, keep_trajectories=False):
+    t0 = time.perf_counter()
+    model, params, batches, dtype, groups, space = _model_space(
+        model, batches, rho, dtype, smap, metric=metric, eps=eps, geodesic_correction=geodesic_correction,
+        metric_norm=metric_norm, gradient=gradient, adaptive_offset=adaptive_offset, exclude=exclude)
+    was_training = model.training
+    model.eval()
+    gen = torch.Generator().manual_seed(seed)
+    per, before, after, norms, trajs, sizes, size_groups = [], [], [], [], [], [], []
+    pair_params = {n for g in groups for n in g.param_names}
+    iterator = batches
+    if progress:
+        from tqdm.auto import tqdm
+        iterator = tqdm(batches, desc=f"{measure} sharpness", unit="batch")
+    try:
+        for batch in iterator:
+            f_and_grad = space.value_and_grad(lambda params, batch=batch: model_loss(model, params, batch, loss_fn))
+            with torch.no_grad():
+                l0 = float(model_loss(model, params, batch, loss_fn))
+            res = apgd(f_and_grad, space, rho, n_iter=n_iter, random_start=random_start, generator=gen)
+            best = max(res.best_value, l0)
+            per.append(best - l0)
+            before.append(l0)
+            after.append(best)
+            raised = res.best_value >= l0
+            norms.append(space.norm(res.best_xi) if raised else 0.0)
+            with torch.no_grad():
+                rel = (relative_perturbation(params, space.perturbed_params(res.best_xi), pair_params) if raised
+                       else relative_perturbation(params, params, pair_params))
+            sizes.append(rel["overall"])
+            size_groups.append({k: v for k, v in rel.items() if k != "overall"})
+            if keep_trajectories:
+                trajs.append(res.values)
+    finally:
+        model.train(was_training)
+    config = dict(metric=metric, n_iter=n_iter, eps=eps, geodesic_correction=geodesic_correction, gradient=gradient,
+                  metric_norm=metric_norm, random_start=random_start, seed=seed, dtype=str(dtype),
+                  pairs=len(groups), heads=sum(g.num_heads for g in groups),
+                  adaptive_params=len(space.adaptive_names))
+    return SharpnessResult(measure=measure, rho=float(rho), mean=sum(per) / len(per), per_batch=per,
+                           loss_before=before, loss_after=after, perturbation_norms=norms,
+                           seconds=time.perf_counter() - t0, config=config, trajectories=trajs,
+                           relative_size=sizes, relative_size_groups=size_groups)
+
+
+def gradient_dual_norm(model, space: PerturbationSpace, batch, loss_fn=default_loss) -> float:
+    """‖∇L_B(θ)‖_* = √g(grad, grad): the metric norm of the horizontal Riemannian gradient of the batch
+    loss at θ in ``space`` (the dual norm of ∇L on the horizontal space; for the adaptive space
+    ‖|θ| ⊙ ∇L‖₂). ρ‖∇L‖_* is the maximum of the loss's linearisation over the ρ-ball."""
+    xi = [z.requires_grad_(True) for z in space.zeros()]
+    loss = model_loss(model, space.perturbed_params(xi), batch, loss_fn)
+    grads = torch.autograd.grad(loss, xi, allow_unused=True)
+    grads = [torch.zeros_like(x) if g is None else g for x, g in zip(xi, grads)]
+    return float(space.norm(space.ascent_direction([x.detach() for x in xi], grads)))
+
+
+def linearised_sharpness(model, batches, rho, *, metric=None, symmetry_map=None, loss_fn=default_loss, eps=0.0,
+                         dtype=None, exclude=(), **_ignored) -> SharpnessResult:
+    """First-order sharpness ρ‖∇L_B(θ)‖_* averaged over batches: adaptive (``metric`` None) or in the
+    quotient geometry ``metric`` of the model's GL(h) pairs. One gradient per batch, no Auto-PGD
+    (options of the Auto-PGD measures such as ``n_iter`` are accepted and ignored)."""
+    t0 = time.perf_counter()
+    smap = None
+    if metric is not None:
+        smap = symmetry_map if symmetry_map is not None else build_symmetry_map(model)
+    model, params, batches, dtype, groups, space = _model_space(model, batches, rho, dtype, smap, metric=metric,
+                                                                eps=eps, exclude=exclude)
+    was_training = model.training
+    model.eval()
+    try:
+        norms = [gradient_dual_norm(model, space, b, loss_fn) for b in batches]
+        with torch.no_grad():
+            before = [float(model_loss(model, params, b, loss_fn)) for b in batches]
+    finally:
+        model.train(was_training)
+    per = [rho * g for g in norms]
+    name = "adaptive-linearised" if metric is None else f"geodesic-{metric}-linearised"
+    config = dict(metric=metric, eps=eps, dtype=str(dtype), pairs=len(groups),
+                  heads=sum(g.num_heads for g in groups), gradient_dual_norms=norms)
+    return SharpnessResult(measure=name, rho=float(rho), mean=sum(per) / len(per), per_batch=per,
+                           loss_before=before, loss_after=[b + v for b, v in zip(before, per)],
+                           perturbation_norms=[float(rho)] * len(per), seconds=time.perf_counter() - t0,
+                           config=config)
+
+
+def adaptive_sharpness(model, batches, rho, *, n_iter=20, loss_fn=default_loss, exclude=(),
+                       random_start=False, seed=0, dtype=None, offset=0.0, progress=False,
+                       keep_trajectories=False) -> SharpnessResult:
+    """Worst-case L2 adaptive sharpness: max_{‖δ‖₂ ≤ ρ} L(θ + |θ| ⊙ δ) − L(θ), mean over batches."""
+    return _evaluate(model, "adaptive", batches, rho, n_iter=n_iter, loss_fn=loss_fn, exclude=exclude,
+                     random_start=random_start, seed=seed, dtype=dtype, adaptive_offset=offset,
+                     progress=progress, keep_trajectories=keep_trajectories)
+
+
+def geodesic_sharpness(model, batches, rho, *, metric="mix", n_iter=20, loss_fn=default_loss,
+                       eps=0.0, geodesic_correction=True, metric_norm=True, gradient="exact", symmetry_map=None,
+                       exclude=(), random_start=False, seed=0, dtype=None, progress=False,
+                       keep_trajectories=False) -> SharpnessResult:
+    """Geodesic sharpness on the quotient by the attention GL(h) symmetries (paper Algorithm 1).
+
+    ``symmetry_map`` defaults to :func:`geosharp_ref.symmetry.symmetry_map` of the model; a model
+    with no recognised attention falls back to adaptive sharpness everywhere (with a warning)."""
+    if metric not in ("inv", "mix"):
+        raise ValueError(f"unknown metric {metric!r}; choose 'inv' or 'mix'")
+    smap = symmetry_map if symmetry_map is not None else build_symmetry_map(model)
+    if not smap.groups:
+        warnings.warn("no GL(h) attention pairs found: geodesic sharpness equals adaptive sharpness here",
+                      stacklevel=2)
+    return _evaluate(model, f"geodesic-{metric}", batches, rho, metric=metric, smap=smap, n_iter=n_iter,
+                     loss_fn=loss_fn, eps=eps, geodesic_correction=geodesic_correction, gradient=gradient,
+                     metric_norm=metric_norm, random_start=random_start, seed=seed, dtype=dtype,
+                     exclude=exclude, progress=progress, keep_trajectories=keep_trajectories)
+
+
+# ------------------------------------------------------------------------------------------------
+# Named measures
+# ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Measure:
+    """A named sharpness measure: adaptive (``metric`` None) or geodesic under ``metric``, with the
+    paper's ablations (App. G) ``geodesic_correction=False`` (γ_ξ(1) = θ + ξ: ``-first-order``) and
+    ``metric_norm=False`` (Frobenius norm on the pair components: ``-frobenius``)."""
+
+    name: str
+    metric: Optional[str] = None
+    geodesic_correction: bool = True
+    metric_norm: bool = True
+    #: ρ‖∇L‖_* (one gradient per batch) instead of the Auto-PGD maximisation
+    linearised: bool = False
+
+    def evaluate(self, model, batches, rho, *, symmetry_map=None, **options) -> SharpnessResult:
+        """The measure's :class:`SharpnessResult` (``options``: those of the entry points)."""
+        if self.linearised:
+            return linearised_sharpness(model, batches, rho, metric=self.metric, symmetry_map=symmetry_map,
+                                        **options)
+        if self.metric is None:
+            return adaptive_sharpness(model, batches, rho, **options)
+        return geodesic_sharpness(model, batches, rho, metric=self.metric, symmetry_map=symmetry_map,
+                                  geodesic_correction=self.geodesic_correction, metric_norm=self.metric_norm,
+                                  **options)
+
+
+HEADLINE_MEASURES = (Measure("adaptive"), Measure("geodesic-inv", "inv"), Measure("geodesic-mix", "mix"))
+ABLATION_MEASURES = tuple(Measure(f"geodesic-{m}-{suffix}", m, **kw)
+                          for suffix, kw in (("first-order", dict(geodesic_correction=False)),
+                                             ("frobenius", dict(metric_norm=False)))
+                          for m in ("inv", "mix"))
+#: ρ times the dual norm of the gradient in each geometry (the maximum of the loss's linearisation)
+LINEARISED_MEASURES = (Measure("adaptive-linearised", linearised=True),
+                       Measure("geodesic-inv-linearised", "inv", linearised=True),
+                       Measure("geodesic-mix-linearised", "mix", linearised=True))
+#: every named measure, by name
+MEASURES = {m.name: m for m in HEADLINE_MEASURES + ABLATION_MEASURES + LINEARISED_MEASURES}
+
+
+def get_measure(name: str) -> Measure:
+    """The :class:`Measure` called ``name`` (one of :data:`MEASURES`)."""
+    try:
+        return MEASURES[name]
+    except KeyError:
+        raise ValueError(f"unknown measure {name!r}; choose from {list(MEASURES)}") from None

@@ -1,0 +1,130 @@
+"""Matched perturbation size: choose ρ per measure so that the relative weight change is equal across measures.
+
+At one ρ, measures perturb the weights by very different amounts (on MiniLM fine-tunes the inv and mix
+balls move the weights several times further than the adaptive ball), so τ at one raw ρ does not compare
+like with like. Calibration fixes, before any τ is computed, a grid of radii per measure whose columns are
+matched in size:
+
+1. on the first ``models`` models of the population (manifest order) and the first sharpness batch, each
+   measure's Auto-PGD maximiser is found at two probe radii ρ₁ < ρ₂ (``probe_rhos``), and its relative
+   size s = ‖Δθ‖/‖θ‖ (Δθ = γ_ξ(1) − θ over every parameter) is measured;
+2. per measure, log s is fitted as a line in log ρ through the medians over the models at the two probes;
+3. for every target size sᵢ (``sizes``) the measure's radius is the ρ where the fit reaches sᵢ.
+
+The result (``calibration.json``: the probes, the fit and the grid ``{measure: [ρ per size]}``) is what
+``geosharp population evaluate --calibration`` evaluates; every record then also holds the measured median
+size, so the correlation reports how well the columns are matched across the whole population.
+First-order measures (``*-linearised``) use the radii of the measure they linearise.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ...io.durable import write_json_atomic
+from ...sharpness.measures import MEASURES as NAMED_MEASURES
+from ...symmetry import symmetry_map as build_symmetry_map
+from .evaluation import MEASURES, load_population_model, rho_key, sharpness_batches
+from .manifest import read_manifest
+
+__all__ = ["calibrate_population", "read_calibration", "calibrated_grid", "CALIBRATION"]
+
+CALIBRATION = "calibration.json"
+
+
+def _base(measure: str) -> str:
+    return measure[: -len("-linearised")] if measure.endswith("-linearised") else measure
+
+
+def calibrated_grid(calibration: dict, measures) -> dict:
+    """``{measure: [ρ per target size]}`` for ``measures`` (a first-order measure takes its base's radii)."""
+    grid = calibration["grid"]
+    missing = sorted({_base(m) for m in measures} - set(grid))
+    if missing:
+        raise ValueError(f"the calibration has no radii for {missing}; calibrate with these measures "
+                         f"(geosharp population calibrate --measures …)")
+    return {m: [float(r) for r in grid[_base(m)]] for m in measures}
+
+
+def read_calibration(out) -> dict:
+    path = Path(out) / CALIBRATION
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist; run `geosharp population calibrate --out {out} "
+                                f"--sizes …` first")
+    try:
+        return json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}); delete it and calibrate again") from None
+
+
+def calibrate_population(out, sizes, measures=MEASURES, models: int = 3, batch_size: int = 32,
+                         probe_rhos=(0.01, 0.03), n_iter: int = 10, seed: int = 0, threads: int | None = 1,
+                         progress: bool = True) -> dict:
+    """Fit ρ ↦ ‖Δθ‖/‖θ‖ per measure on a few models and write ``calibration.json`` (see the module doc).
+
+    Returns the calibration. An existing calibration with the same settings is returned unchanged; one
+    with other settings is refused (it fixes the protocol of evaluations already run)."""
+    out = Path(out)
+    sizes = [float(s) for s in sizes]
+    if not sizes or any(not (math.isfinite(s) and s > 0) for s in sizes):
+        raise ValueError(f"every target size must be a positive finite number, got {sizes}")
+    probes = sorted(float(r) for r in probe_rhos)
+    if len(probes) != 2 or not 0 < probes[0] < probes[1] or not all(math.isfinite(r) for r in probes):
+        raise ValueError(f"give two distinct positive probe radii, got {probe_rhos}")
+    measures = [m for m in measures if not m.endswith("-linearised")]
+    unknown = sorted(set(measures) - set(NAMED_MEASURES))
+    if unknown:
+        raise ValueError(f"unknown measures {unknown}; choose from {list(NAMED_MEASURES)}")
+    manifest = read_manifest(out)
+    if models < 1 or models > len(manifest["models"]):
+        raise ValueError(f"--models must lie in [1, {len(manifest['models'])}], got {models}")
+    settings = dict(sizes=sizes, measures=measures, models=models, batch_size=batch_size, probe_rhos=probes,
+                    iters=n_iter, seed=seed, batch="pool[:batch_size] (the first sharpness batch)")
+    path = out / CALIBRATION
+    if path.is_file():
+        old = read_calibration(out)
+        if old.get("settings") == settings:
+            return old
+        raise ValueError(f"{path} holds another calibration ({old.get('settings')}); it fixes the radii of "
+                         f"evaluations already run: use the same options, or delete it to start over")
+    if threads:
+        torch.set_num_threads(threads)
+    (batch,) = sharpness_batches(manifest, 1, batch_size, out)
+    from tqdm.auto import tqdm
+
+    t0 = time.perf_counter()
+    measured = {m: {rho_key(r): [] for r in probes} for m in measures}
+    entries = manifest["models"][:models]
+    bar = tqdm(total=len(entries) * len(measures) * 2, desc="calibrate", unit="run", disable=not progress)
+    for entry in entries:
+        model = load_population_model(out, entry)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            smap = build_symmetry_map(model)
+        for m in measures:
+            meas = NAMED_MEASURES[m]
+            for r in probes:
+                res = meas.evaluate(model, [batch], r, n_iter=n_iter, seed=seed,
+                                    **({} if meas.metric is None else {"symmetry_map": smap}))
+                measured[m][rho_key(r)].append(res.relative_size[0])
+                bar.update(1)
+    bar.close()
+    fits, grid = {}, {}
+    for m in measures:
+        s1, s2 = (float(np.median(measured[m][rho_key(r)])) for r in probes)
+        if not (s1 > 0 and s2 > 0):
+            raise ValueError(f"{m}: the probes moved no weight (median sizes {s1:g}, {s2:g}); the models may sit "
+                             f"at a loss maximum of the batch, or the probe radii are too small")
+        slope = math.log(s2 / s1) / math.log(probes[1] / probes[0])
+        fits[m] = dict(median_sizes=[s1, s2], slope=slope)
+        grid[m] = [float(f"{probes[0] * (s / s1) ** (1.0 / slope):.4g}") for s in sizes]
+    calibration = dict(settings=settings, measured=measured, fit=fits, grid=grid,
+                       models_used=[e["name"] for e in entries], seconds=round(time.perf_counter() - t0, 1))
+    write_json_atomic(path, calibration)
+    return calibration

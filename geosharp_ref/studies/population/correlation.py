@@ -1,0 +1,163 @@
+"""Correlate a population's sharpness with its generalisation gap: Kendall τ with bootstrap intervals."""
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ...io.durable import write_json_atomic
+from ...plots import plot_population_scatter, plot_tau_vs_rho
+from ...stats import kendall_with_ci, paired_abs_tau_difference
+from .evaluation import evaluation_grid, read_results
+from .manifest import population_files, read_manifest
+
+__all__ = ["correlate_population", "parse_where", "subset_models"]
+
+
+def parse_where(items) -> dict:
+    """``["label_noise=0", "augment=false"]`` → ``{"label_noise": 0, "augment": False}`` (values read as
+    JSON where they parse, e.g. numbers and true/false, else kept as strings)."""
+    where = {}
+    for item in items or ():
+        key, sep, raw = str(item).partition("=")
+        if not sep or not key:
+            raise ValueError(f"--where {item!r}: expected KEY=VALUE, e.g. label_noise=0")
+        try:
+            where[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            where[key] = raw
+    return where
+
+
+def subset_models(names, hparams: dict, where: dict) -> list:
+    """The ``names`` whose hyper-parameters (``hparams[name]``) match every ``key: value`` of ``where``."""
+    known = sorted({k for n in names for k in hparams[n]})
+    unknown = sorted(set(where) - set(known))
+    if unknown:
+        raise ValueError(f"--where names unknown hyper-parameters {unknown}; this population records "
+                         f"{known or 'none (an imported population has no hyper-parameters)'}")
+    return [n for n in names if all(hparams[n].get(k) == v for k, v in where.items())]
+
+
+def where_suffix(where: dict) -> str:
+    return "".join(f"-{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in sorted(where.items()))
+
+
+def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = True, stream=None,
+                         tag: str = "", where: dict | None = None) -> dict:
+    """Kendall τ (with bootstrap CI) of each measure at each ρ against the gap; JSON, CSV, PNG, table.
+
+    ``where`` restricts the population to the models whose recorded hyper-parameters match, e.g.
+    ``{"label_noise": 0}`` (outputs ``correlation-label_noise=0.*``), to see whether a correlation
+    survives within a stratum or is carried by one hyper-parameter."""
+    out = Path(out)
+    stream = stream or sys.stdout
+    manifest = read_manifest(out)
+    files = population_files(tag)
+    if not (out / files["config"]).is_file():
+        raise FileNotFoundError(f"{out / files['config']} does not exist; run `geosharp population evaluate "
+                                f"--out {out}{f' --tag {tag}' if tag else ''}` first")
+    cfg = json.loads((out / files["config"]).read_text())
+    recs = read_results(out, tag)
+    where = dict(where or {})
+    metrics = {m["name"]: m["metrics"] for m in manifest["models"]}
+    hparams = {m["name"]: m.get("hparams") or {} for m in manifest["models"]}
+    chosen = subset_models([m["name"] for m in manifest["models"]], hparams, where)
+    stem = out / (files["correlation"] + where_suffix(where))
+    names = [n for n in chosen if n in recs]
+    missing = len(chosen) - len(names)
+    if len(names) < 3:
+        raise ValueError(f"only {len(names)} evaluated models in {out}"
+                         f"{f' matching {where}' if where else ''}; Kendall τ needs at least 3"
+                         f"{'' if where else '; run `geosharp population evaluate` first'}")
+    hkeys = sorted({k for n in names for k in hparams[n]})
+    gap = np.array([metrics[n]["gap"] for n in names])
+    rows, grid = evaluation_grid(cfg)
+    measures = cfg["measures"]
+    per_grid = "rho_grid" in cfg
+
+    def column(m, i):
+        return np.array([recs[n]["values"][m][grid[m][i]] for n in names])
+
+    table, paired, sizes = {}, {}, {}
+    for i, row in enumerate(rows):
+        table[row] = {}
+        for m in measures:
+            table[row][m] = kendall_with_ci(column(m, i), gap, n_boot=n_boot, seed=seed)
+            if per_grid:
+                table[row][m]["rho"] = grid[m][i]
+            rel = [recs[n].get("relative_size", {}).get(m, {}).get(grid[m][i]) for n in names]
+            if all(r is not None for r in rel):
+                sizes.setdefault(row, {})[m] = float(np.median(rel))
+        if "adaptive" in measures:
+            for m in measures:
+                if m.startswith("geodesic-") and not m.endswith("-linearised"):
+                    paired.setdefault(row, {})[m] = paired_abs_tau_difference(
+                        column(m, i), column("adaptive", i), gap, n_boot=n_boot, seed=seed)
+    result = dict(models=len(names), missing=missing, bootstrap=n_boot, tau=table, evaluation=cfg,
+                  gap=dict(min=float(gap.min()), max=float(gap.max()), mean=float(gap.mean())), where=where)
+    if paired:
+        result["paired_abs_tau_difference"] = paired
+    if sizes:
+        result["median_relative_size"] = sizes
+    write_json_atomic(stem.with_suffix(".json"), result)
+    with open(stem.with_suffix(".csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["model", "train_error", "test_error", "gap"] +
+                   [f"{m}@rho={grid[m][i]}" for i in range(len(rows)) for m in measures] + hkeys)
+        for n in names:
+            w.writerow([n, metrics[n]["train_error"], metrics[n]["test_error"], metrics[n]["gap"]] +
+                       [recs[n]["values"][m][grid[m][i]] for i in range(len(rows)) for m in measures] +
+                       [json.dumps(hparams[n][k]) if k in hparams[n] else "" for k in hkeys])
+    with open(stem.with_name(stem.name + "_tau.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["rho", "measure", "tau", "ci_low", "ci_high", "p", "n"] +
+                   (["row", "median_relative_size"] if per_grid else []))
+        for i, r in enumerate(rows):
+            for m in measures:
+                t = table[r][m]
+                w.writerow([grid[m][i], m, t["tau"], t["ci"][0], t["ci"][1], t["p"], t["n"]] +
+                           ([r, sizes.get(r, {}).get(m, "")] if per_grid else []))
+    if paired:
+        with open(stem.with_name(stem.name + "_paired.csv"), "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["row", "measure", "vs", "abs_tau_difference", "ci_low", "ci_high", "n"])
+            for r, cells in paired.items():
+                for m, d in cells.items():
+                    w.writerow([r, m, "adaptive", d["difference"], d["ci"][0], d["ci"][1], d["n"]])
+    if plot:
+        plot_population_scatter(stem.with_suffix(".png"), names, recs, gap, cfg, table)
+        result["plot"] = str(stem.with_suffix(".png"))
+        if len(rows) > 1:
+            plot_tau_vs_rho(stem.with_name(stem.name + "_rho.png"), cfg, table, len(names))
+            result["plot_rho"] = str(stem.with_name(stem.name + "_rho.png"))
+    print(f"Kendall τ (sharpness vs generalization gap) over {len(names)} models"
+          f"{f' with {where}' if where else ''}"
+          f"{f' ({missing} not evaluated)' if missing else ''}, 95% bootstrap CI ({n_boot} resamples)",
+          file=stream)
+    label = "row" if per_grid else "rho"
+    width = max(8, *(len(r) for r in rows))
+    print(f"{label:>{width}s}  " + "  ".join(f"{m:>24s}" for m in measures), file=stream)
+    for i, r in enumerate(rows):
+        cells = []
+        for m in measures:
+            t = table[r][m]
+            cells.append(f"{t['tau']:+.2f} [{t['ci'][0]:+.2f}, {t['ci'][1]:+.2f}]")
+        print(f"{r:>{width}s}  " + "  ".join(f"{c:>24s}" for c in cells), file=stream)
+        if per_grid:
+            print(f"{'ρ':>{width}s}  " + "  ".join(f"{grid[m][i]:>24s}" for m in measures), file=stream)
+        if r in sizes:
+            print(f"{'‖Δθ‖/‖θ‖':>{width}s}  " + "  ".join(f"{sizes[r].get(m, float('nan')):>24.3g}" for m in measures),
+                  file=stream)
+    for r, cells in paired.items():
+        for m, d in cells.items():
+            print(f"|τ({m})| − |τ(adaptive)| at {r}: {d['difference']:+.2f} [{d['ci'][0]:+.2f}, {d['ci'][1]:+.2f}]",
+                  file=stream)
+    written = [stem.with_suffix(".json"), stem.with_suffix(".csv"), stem.with_name(stem.name + "_tau.csv")]
+    written += [stem.with_name(stem.name + "_paired.csv")] if paired else []
+    written += [Path(result[k]) for k in ("plot", "plot_rho") if k in result]
+    print("written: " + ", ".join(map(str, written)), file=stream)
+    return result

@@ -1,0 +1,245 @@
+"""Evaluate a population: sharpness of every model, appended durably; resumable and torchrun-aware.
+
+Resumability: ``evaluate`` appends each model's result line with one ``os.write`` + ``os.fsync`` as soon as
+it is computed, truncates a torn last line on restart and skips models already present, so a kill at any
+moment loses at most the model in progress and never duplicates one. Under ``torchrun`` (``WORLD_SIZE`` >
+1) ranks take disjoint shards of the pending models (:mod:`geosharp_ref.distributed`) and rank 0 merges
+everything into ``results.jsonl`` in manifest order, byte-identical to a single-process run.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from ... import distributed as gdist
+from ...io.data import load_data, split_batches
+from ...io.durable import append_line, fsync_dir, read_jsonl, write_json_atomic
+from ...io.models import load_model
+from ...sharpness.measures import ABLATION_MEASURES, HEADLINE_MEASURES, LINEARISED_MEASURES
+from ...sharpness.measures import MEASURES as NAMED_MEASURES
+from ...symmetry import symmetry_map as build_symmetry_map
+from .importing import load_imported_model
+from .manifest import population_files, read_manifest
+from .tasks import get_task
+
+__all__ = ["measure_grid", "evaluation_grid", "sharpness_batches", "LINEARISED", "load_population_model", "evaluate_model", "evaluate_population", "read_results",
+           "rho_key", "MEASURES", "ABLATIONS", "ALL_MEASURES", "DEFAULT_RHOS"]
+
+#: the paper's three measures, the default of an evaluation
+MEASURES = tuple(m.name for m in HEADLINE_MEASURES)
+#: the ablations (paper App. G): no second-order correction, or the Frobenius norm on the pairs
+ABLATIONS = tuple(m.name for m in ABLATION_MEASURES)
+#: ρ times the dual norm of the gradient in each geometry (one gradient per batch)
+LINEARISED = tuple(m.name for m in LINEARISED_MEASURES)
+ALL_MEASURES = MEASURES + ABLATIONS + LINEARISED
+DEFAULT_RHOS = (0.003, 0.01, 0.03, 0.1)
+
+
+def rho_key(rho) -> str:
+    """The key of a radius in result files (``f"{rho:g}"``)."""
+    return f"{float(rho):g}"
+
+
+def evaluation_grid(config: dict) -> tuple[list, dict]:
+    """``(rows, {measure: [rho_key per row]})`` of an evaluation's settings: the rows are the radii of a
+    uniform sweep (``config["rhos"]``), or the columns of a per-measure grid (``config["rho_grid"]``),
+    labelled by their target relative size where ``config["sizes"]`` names it."""
+    if "rho_grid" in config:
+        grid = config["rho_grid"]
+        k = len(next(iter(grid.values())))
+        sizes = config.get("sizes")
+        rows = [f"size={sizes[i]:g}" if sizes else f"grid[{i}]" for i in range(k)]
+        return rows, grid
+    return list(config["rhos"]), {m: list(config["rhos"]) for m in config["measures"]}
+
+
+def sharpness_batches(manifest, n_batches: int, batch_size: int, root=None):
+    """The fixed sharpness batches: ``pool[:n_batches · batch_size]`` with clean labels, in order.
+
+    For an imported population (``plan.data.dataset == "file"``) the examples are the first
+    ``n_batches · batch_size`` of the local data file (:func:`geosharp_ref.io.data.load_data`)."""
+    spec = manifest["plan"]["data"]
+    if spec["dataset"] == "file":
+        inputs, targets, _ = load_data(spec["path"])
+        source = f"data file {spec['path']!r}"
+    else:
+        split = get_task(manifest["plan"]["task"]).load_split(spec, root)
+        inputs, targets, source = split.pool, split.y_pool, "the training pool"
+    return split_batches(inputs, targets, n_batches, batch_size, source)
+
+
+def load_population_model(out, entry: dict):
+    """Load one manifest entry: a trained model directory, or an imported model (``entry["loader"]``)."""
+    if "loader" in entry:
+        return load_imported_model(entry)
+    return load_model(Path(out) / entry["dir"])
+
+
+def measure_grid(measures, rhos) -> dict:
+    """``{measure: [ρ, …]}``: ``rhos`` is one list for every measure, or already a dict per measure."""
+    if isinstance(rhos, dict):
+        missing = [m for m in measures if m not in rhos]
+        if missing:
+            raise ValueError(f"the ρ grid has no radii for {missing}; give every measure its radii")
+        return {m: [float(r) for r in rhos[m]] for m in measures}
+    return {m: [float(r) for r in rhos] for m in measures}
+
+
+def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, seed: int = 0) -> dict:
+    """``{"values": {measure: {rho_key: mean sharpness}}, "relative_size": {measure: {rho_key: median
+    ‖Δθ‖/‖θ‖ over the batches}}, "loss", "heads"}`` (deterministic).
+
+    ``rhos``: one list of radii for every measure, or ``{measure: [radii]}`` (a grid per measure, e.g.
+    matched in perturbation size). ``measures`` from :data:`ALL_MEASURES`: ``adaptive``,
+    ``geodesic-{inv,mix}``, the ablations ``geodesic-{inv,mix}-first-order`` (no γ̈ correction) and
+    ``geodesic-{inv,mix}-frobenius`` (Frobenius norm on the pair components), and the first-order measures
+    ``*-linearised`` (ρ times the dual norm of the gradient; no relative size)."""
+    grid = measure_grid(measures, rhos)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        smap = build_symmetry_map(model)
+    values, sizes, loss = {}, {}, None
+    for measure in measures:
+        values[measure], sizes[measure] = {}, {}
+        m = NAMED_MEASURES[measure]
+        for rho in grid[measure]:
+            r = m.evaluate(model, batches, rho, n_iter=n_iter, seed=seed,
+                           **({} if m.metric is None else {"symmetry_map": smap}))
+            values[measure][rho_key(rho)] = r.mean
+            if r.relative_size:
+                sizes[measure][rho_key(rho)] = r.median_relative_size
+            loss = sum(r.loss_before) / len(r.loss_before)
+    out = dict(values=values, loss=loss, heads=sum(g.num_heads for g in smap.groups))
+    if any(sizes.values()):
+        out["relative_size"] = {k: v for k, v in sizes.items() if v}
+    return out
+
+
+def read_results(out, tag: str = "") -> dict:
+    """``{model name: record}`` from ``results.jsonl`` and any per-rank part files (first wins)."""
+    out, f = Path(out), population_files(tag)
+    files = [out / f["results"]] + sorted((out / f["parts"]).glob("rank*.jsonl"))
+    recs = {}
+    for f in files:
+        for r in read_jsonl(f):
+            recs.setdefault(r["model"], r)
+    return recs
+
+
+def _finalize(out: Path, manifest, extra=(), tag: str = "") -> bool:
+    """Rank 0: canonical ``results.jsonl`` (manifest order, one line per model); parts removed."""
+    recs, files = read_results(out, tag), population_files(tag)
+    for r in extra:
+        recs.setdefault(r["model"], r)
+    names = [m["name"] for m in manifest["models"]]
+    if not all(n in recs for n in names):
+        return False
+    text = "".join(json.dumps(recs[n], sort_keys=True) + "\n" for n in names)
+    path = out / files["results"]
+    if not path.is_file() or path.read_text() != text:
+        tmp = out / f".{files['results']}.tmp-{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(out)
+    if (out / files["parts"]).is_dir():
+        shutil.rmtree(out / files["parts"], ignore_errors=True)
+    return True
+
+
+def evaluate_population(out, rhos=DEFAULT_RHOS, measures=MEASURES, n_batches: int = 4, batch_size: int = 32,
+                        n_iter: int = 20, seed: int = 0, threads: int | None = 1, progress: bool = True,
+                        device=None, tag: str = "", sizes=None) -> dict:
+    """Sharpness of every model of the population in ``out`` (resumable; torch.distributed-aware).
+
+    ``rhos`` is one list of radii for every measure, or a grid ``{measure: [radii]}``; with a grid,
+    ``sizes`` may name what its columns are matched to (the target relative perturbation sizes of
+    :func:`geosharp_ref.studies.population.calibration.calibrate_population`), stored with the settings.
+    Returns ``{model name: record}`` (on every rank, read back from disk after the merge)."""
+    out, files = Path(out), population_files(tag)
+    manifest = read_manifest(out)
+    rank, world = gdist.rank_world()
+    if threads:
+        torch.set_num_threads(threads)
+    if device is None:
+        device = gdist.default_device()
+    measures = tuple(measures)
+    unknown = sorted(set(measures) - set(ALL_MEASURES))
+    if unknown:
+        raise ValueError(f"unknown measures {unknown}; choose from {list(ALL_MEASURES)}")
+    grid = measure_grid(measures, rhos)
+    flat = [r for rs in grid.values() for r in rs]
+    if not all(grid.values()) or any(not (math.isfinite(r) and r > 0) for r in flat):
+        raise ValueError(f"every rho must be positive and finite, got {rhos}")
+    config = dict(measures=list(measures), batches=n_batches, batch_size=batch_size, iters=n_iter, seed=seed,
+                  labels="clean", subset="pool[:batches*batch_size]")
+    if isinstance(rhos, dict):
+        lengths = {len(v) for v in grid.values()}
+        if len(lengths) != 1:
+            raise ValueError(f"a ρ grid needs the same number of radii for every measure, got {rhos}")
+        config["rho_grid"] = {m: [rho_key(r) for r in grid[m]] for m in measures}
+        if sizes is not None:
+            config["sizes"] = [float(x) for x in sizes]
+    else:
+        config["rhos"] = [rho_key(r) for r in grid[measures[0]]]
+    cpath = out / files["config"]
+    error = None
+    if rank == 0:
+        if cpath.is_file():
+            old = json.loads(cpath.read_text())
+            if old != config:
+                error = (f"{cpath} holds other evaluation settings ({old}); use the same options to "
+                         f"resume, use another --tag, or delete {cpath} and {out / files['results']} to start over")
+        else:
+            write_json_atomic(cpath, config)
+    error = gdist.broadcast_object(error)  # every rank stops together (no rank left in a barrier)
+    if error:
+        raise ValueError(error)
+
+    if world > 1:
+        (out / files["parts"]).mkdir(exist_ok=True)
+        mine_path = out / files["parts"] / f"rank{rank}.jsonl"
+        read_jsonl(mine_path, repair=True)
+    else:
+        mine_path = out / files["results"]
+    read_jsonl(out / files["results"], repair=(rank == 0))
+    done = read_results(out, tag) if rank == 0 else None
+    done_names = gdist.broadcast_object(sorted(done) if rank == 0 else None)  # one view for every rank
+    pending = [m for m in manifest["models"] if m["name"] not in set(done_names)]
+    mine = gdist.shard(pending, rank, world)
+    batches = sharpness_batches(manifest, n_batches, batch_size, out)
+    outside = [m["name"] for m in manifest["models"]
+               if (m["metrics"].get("train_examples") or math.inf) < n_batches * batch_size]
+    if outside and rank == 0:
+        warnings.warn(f"{len(outside)} models trained on fewer than the {n_batches * batch_size} sharpness "
+                      f"examples (e.g. {outside[0]}): for them part of the sharpness subset is not training "
+                      f"data; lower --batches or --batch-size", stacklevel=2)
+
+    from tqdm.auto import tqdm
+
+    new = []
+    bar = tqdm(mine, desc=f"evaluate (rank {rank}/{world})" if world > 1 else "evaluate population",
+               unit="model", disable=not progress, position=rank if world > 1 else None)
+    for m in bar:
+        model = load_population_model(out, m).to(device)
+        t0 = time.perf_counter()
+        res = evaluate_model(model, batches, grid, measures, n_iter=n_iter, seed=seed)
+        rec = dict(model=m["name"], gap=m["metrics"]["gap"], **res)
+        append_line(mine_path, rec)
+        new.append(rec)
+        bar.set_postfix_str(f"{m['name']} {time.perf_counter() - t0:.1f}s")
+    bar.close()
+    gathered = gdist.gather_objects(new)  # rank 0: every rank's new records (no shared disk needed)
+    if rank == 0:
+        _finalize(out, manifest, extra=[r for part in gathered for r in part], tag=tag)
+    gdist.barrier()
+    return read_results(out, tag)

@@ -1,0 +1,9 @@
+"""Parameter symmetries of real models: which parameters form which GL(h) pair blocks, and what is refused.
+
+* :mod:`~geosharp_ref.symmetry.groups` — :class:`PairGroup`, :class:`PairSpec`, :class:`SymmetryMap`
+* :mod:`~geosharp_ref.symmetry.detect` — :func:`symmetry_map` (attention pairs found in a model)
+"""
+from .detect import symmetry_map
+from .groups import PairGroup, PairSpec, SymmetryMap
+
+__all__ = ["PairGroup", "PairSpec", "SymmetryMap", "symmetry_map"]

@@ -1,0 +1,96 @@
+"""Orbit invariance of a whole model: move it along its symmetry orbits and measure what changes.
+
+For each scale a, every GL(h) group of the model's symmetry map gets A = a·Q·diag(u) per head
+(:func:`~geosharp_ref.verification.sampling.draw_orbit_elements`); the moved model ψ(A, θ) must give the
+same logits, the same geodesic sharpness (inv, mix) and the same norm of the horizontal Riemannian
+gradient, to round-off (float64). Adaptive sharpness is not invariant and is expected to change.
+The relative change of a quantity is |f(ψ(A, θ)) − f(θ)| / |f(θ)| (max-abs over the logits).
+"""
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+
+import torch
+
+from ..sharpness.loss import call_model, model_logits
+from ..sharpness.measures import adaptive_sharpness, geodesic_sharpness, gradient_dual_norm
+from ..sharpness.space import PerturbationSpace
+from .sampling import draw_orbit_elements
+
+__all__ = ["riemannian_gradient_norm", "model_with_params", "orbit_quantities", "relative_change",
+           "orbit_invariance", "INVARIANCE_TOL", "QUANTITIES", "INVARIANT_QUANTITIES"]
+
+#: the largest relative change along an orbit that counts as invariant
+INVARIANCE_TOL = 1e-6
+#: what is measured at every point of the orbit, and which of it must not change
+QUANTITIES = ("output", "geodesic-inv", "geodesic-mix", "grad-inv", "grad-mix", "adaptive")
+INVARIANT_QUANTITIES = ("output", "geodesic-inv", "geodesic-mix", "grad-inv", "grad-mix")
+NO_GROUPS_WARNING = r"(symmetry_map: no GL\(h\) attention pair recognised|no GL\(h\) attention pairs found)"
+
+
+def model_with_params(model, params):
+    """A deep copy of ``model`` (eval mode) with its parameters replaced by ``params``."""
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            p.copy_(params[n])
+    return m.eval()
+
+
+def riemannian_gradient_norm(model, smap, batch, metric):
+    """‖grad L‖_g at θ: the horizontal Riemannian gradient of the loss in the quotient geometry
+    (GL(h) pairs, ``metric``) plus the adaptive geometry elsewhere (as the sharpness ascent uses)."""
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    space = PerturbationSpace(params, smap.groups, smap.adaptive_masks, metric=metric)
+    return gradient_dual_norm(model, space, batch)
+
+
+def orbit_quantities(model, smap, batch, rho, iters, seed):
+    """``{quantity: value}`` for :data:`QUANTITIES` at the model's weights (float64 sharpness)."""
+    inputs, _ = batch
+    with torch.no_grad():
+        out = model_logits(call_model(model, {n: p.detach() for n, p in model.named_parameters()}, inputs))
+    kw = dict(n_iter=iters, seed=seed, dtype=torch.float64)
+    vals = {"output": out}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=NO_GROUPS_WARNING)
+        for metric in ("inv", "mix"):
+            vals[f"geodesic-{metric}"] = geodesic_sharpness(model, [batch], rho, metric=metric,
+                                                            symmetry_map=smap, **kw).mean
+            vals[f"grad-{metric}"] = riemannian_gradient_norm(model, smap, batch, metric)
+    vals["adaptive"] = adaptive_sharpness(model, [batch], rho, **kw).mean
+    return vals
+
+
+def relative_change(a, b) -> float:
+    """|b − a| / |a| (max-abs for tensors); 0 when equal, inf when only a is 0."""
+    if torch.is_tensor(a):
+        den = float(a.abs().max())
+        num = float((b - a).abs().max())
+    else:
+        den, num = abs(a), abs(b - a)
+    if num == 0:
+        return 0.0
+    return num / den if den > 0 else math.inf
+
+
+def orbit_invariance(model64, smap, batch, rho, scales, iters=5, seed=0) -> dict:
+    """Move a float64 model along its orbits (one draw per scale) and measure relative changes.
+
+    Returns ``{"base": quantities at θ, "rows": [(a, {quantity: relative change})], "worst": {quantity:
+    max change}, "failed": invariant quantities that changed by more than INVARIANCE_TOL}``."""
+    params = {n: p.detach() for n, p in model64.named_parameters()}
+    base = orbit_quantities(model64, smap, batch, rho, iters, seed)
+    gen = torch.Generator().manual_seed(seed)
+    rows, worst = [], {c: 0.0 for c in QUANTITIES}
+    for a in scales:
+        moved = model_with_params(model64, smap.act(params, draw_orbit_elements(smap, a, gen)))
+        vals = orbit_quantities(moved, smap, batch, rho, iters, seed)
+        rel = {c: relative_change(base[c], vals[c]) for c in QUANTITIES}
+        for c in QUANTITIES:
+            worst[c] = max(worst[c], rel[c])
+        rows.append((a, rel))
+    failed = [c for c in INVARIANT_QUANTITIES if not worst[c] <= INVARIANCE_TOL]
+    return dict(base=base, rows=rows, worst=worst, failed=failed)

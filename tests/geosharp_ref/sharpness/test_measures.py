@@ -1,0 +1,125 @@
+"""Sharpness entry points (geosharp_ref.sharpness.measures) against independent computations: the exact
+trust-region maximum of a quadratic (adaptive, linear regression), the first-order expansion
+S(ρ)/ρ → ‖horizontal Riemannian gradient‖; side effects, excluded parameters, and the named measures."""
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from geosharp_ref.sharpness import (ABLATION_MEASURES, HEADLINE_MEASURES, MEASURES, PerturbationSpace,
+                                    adaptive_sharpness, geodesic_sharpness, get_measure, model_loss)
+from geosharp_ref.symmetry import symmetry_map
+from tests.cases import TinyAttention, trust_region_max
+
+
+def mse(out, y):
+    return ((out.squeeze(-1) - y) ** 2).mean()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_adaptive_sharpness_of_linear_regression_equals_trust_region_maximum(seed):
+    """L(w + |w|⊙δ) − L(w) = ½δᵀMδ + gᵀδ with M = 2 C XᵀX C / n, g = 2 C Xᵀr / n, C = diag|w|."""
+    torch.manual_seed(seed)
+    d, n = 6, 20
+    model = nn.Linear(d, 1, bias=False).double()
+    X = torch.randn(n, d, dtype=torch.float64)
+    y = torch.randn(n, dtype=torch.float64)
+    rho = 0.3
+    res = adaptive_sharpness(model, [(X, y)], rho, n_iter=100, loss_fn=mse)
+    w = model.weight.detach()[0].numpy()
+    C = np.diag(np.abs(w))
+    Xn = X.numpy()
+    r = Xn @ w - y.numpy()
+    M = 2 * C @ Xn.T @ Xn @ C / n
+    g = 2 * C @ Xn.T @ r / n
+    exact = trust_region_max(M, g, rho)
+    assert res.mean <= exact * (1 + 1e-9)
+    assert res.mean >= 0.99 * exact
+    assert abs(res.perturbation_norms[0] - rho) < 1e-9
+
+
+@pytest.mark.parametrize("metric", ["inv", "mix"])
+def test_small_rho_geodesic_sharpness_is_rho_times_riemannian_gradient_norm(metric):
+    torch.manual_seed(0)
+    model = TinyAttention().double()
+    for p in model.parameters():
+        p.data.mul_(3.0)
+    batch = (torch.randn(4, 5, 8, dtype=torch.float64), torch.randint(0, 3, (4,)))
+    smap = symmetry_map(model)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    space = PerturbationSpace(params, smap.groups, smap.adaptive_masks, metric=metric)
+    xi = [x.requires_grad_(True) for x in space.zeros()]
+    loss = model_loss(model, space.perturbed_params(xi), batch)
+    grad = torch.autograd.grad(loss, xi)
+    rg = space.ascent_direction(space.zeros(), list(grad))
+    gnorm = space.norm(rg)
+    rho = 1e-5
+    res = geodesic_sharpness(model, [batch], rho, metric=metric, n_iter=10)
+    assert res.mean / rho == pytest.approx(gnorm, rel=2e-3)
+    # the first-order adaptive value differs: the geometries are different
+    ad = adaptive_sharpness(model, [batch], rho, n_iter=10)
+    assert abs(ad.mean / rho - gnorm) / gnorm > 1e-2
+
+
+def test_parameters_untouched_and_training_flag_restored():
+    torch.manual_seed(1)
+    model = TinyAttention().double().train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    batch = (torch.randn(2, 5, 8, dtype=torch.float64), torch.randint(0, 3, (2,)))
+    geodesic_sharpness(model, [batch], 0.1, metric="inv", n_iter=3)
+    adaptive_sharpness(model, [batch], 0.1, n_iter=3)
+    assert model.training
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k])
+
+
+def test_exclude_rejects_unknown_names_and_removes_parameters():
+    torch.manual_seed(2)
+    model = TinyAttention().double()
+    batch = (torch.randn(2, 5, 8, dtype=torch.float64), torch.randint(0, 3, (2,)))
+    with pytest.raises(ValueError, match="unknown parameters"):
+        adaptive_sharpness(model, [batch], 0.1, n_iter=2, exclude=["head.wieght"])
+    with pytest.raises(ValueError, match="rho"):
+        adaptive_sharpness(model, [batch], True, n_iter=2)
+    names = [n for n, _ in model.named_parameters() if n != "head.weight"]
+    only_head = adaptive_sharpness(model, [batch], 0.1, n_iter=5, exclude=names)
+    full = adaptive_sharpness(model, [batch], 0.1, n_iter=5)
+    assert only_head.config["adaptive_params"] == 1 and only_head.mean != full.mean
+
+
+# ------------------------------------------------------------------------------------------------
+# Named measures
+# ------------------------------------------------------------------------------------------------
+
+def test_measure_table():
+    """The paper's three measures and the four ablations (App. G), each under its own name."""
+    assert [m.name for m in HEADLINE_MEASURES] == ["adaptive", "geodesic-inv", "geodesic-mix"]
+    assert sorted(m.name for m in ABLATION_MEASURES) == sorted(
+        f"geodesic-{g}-{s}" for g in ("inv", "mix") for s in ("first-order", "frobenius"))
+    for m in HEADLINE_MEASURES + ABLATION_MEASURES:
+        assert MEASURES[m.name] is m and get_measure(m.name) is m
+        assert m.metric == (None if m.name == "adaptive" else m.name.split("-")[1])
+        assert m.geodesic_correction == (not m.name.endswith("first-order"))
+        assert m.metric_norm == (not m.name.endswith("frobenius"))
+    assert all(get_measure(name).name == name for name in MEASURES)
+    with pytest.raises(ValueError, match="unknown measure 'geodesic'.*geodesic-mix"):
+        get_measure("geodesic")
+
+
+@pytest.mark.parametrize("name", ["adaptive", "geodesic-inv", "geodesic-mix-first-order", "geodesic-inv-frobenius"])
+def test_measure_evaluate_equals_the_entry_point_with_its_flags(name):
+    torch.manual_seed(5)
+    model = TinyAttention().double()
+    batch = (torch.randn(3, 5, 8, dtype=torch.float64), torch.randint(0, 3, (3,)))
+    got = get_measure(name).evaluate(model, [batch], 0.2, n_iter=4)
+    if name == "adaptive":
+        ref = adaptive_sharpness(model, [batch], 0.2, n_iter=4)
+    else:
+        metric = name.split("-")[1]
+        ref = geodesic_sharpness(model, [batch], 0.2, n_iter=4, metric=metric,
+                                 geodesic_correction=not name.endswith("first-order"),
+                                 metric_norm=not name.endswith("frobenius"))
+    assert got.measure == ref.measure == ("adaptive" if name == "adaptive" else f"geodesic-{name.split('-')[1]}")
+    assert got.mean == ref.mean and got.per_batch == ref.per_batch and got.mean > 0
+    assert got.config == ref.config
+

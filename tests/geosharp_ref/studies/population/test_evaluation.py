@@ -1,0 +1,111 @@
+"""Evaluating a population (geosharp_ref.studies.population.evaluation): results of every model, resumable
+(torn last line, a real SIGKILL), torchrun/gloo ranks identical to one process, tagged ablations equal
+to direct geodesic_sharpness calls."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from geosharp_ref.io.models import load_model
+from geosharp_ref.sharpness import geodesic_sharpness
+from geosharp_ref.studies import population as pop
+from tests import cases
+
+N_MODELS = cases.POPULATION_MODELS
+TRAIN = cases.POPULATION_TRAIN
+EVAL = cases.POPULATION_EVAL
+EVAL_ARGS = cases.POPULATION_EVAL_ARGS
+
+
+def test_reference_results(reference):
+    lines = cases.jsonl(reference / "results.jsonl")
+    assert [r["model"] for r in lines] == [f"model_{i:03d}" for i in range(N_MODELS)]
+    for r in lines:
+        assert set(r["values"]) == set(pop.MEASURES)
+        for vals in r["values"].values():
+            assert set(vals) == {"0.01", "0.05"}
+            assert all(np.isfinite(v) and v >= 0 for v in vals.values())
+        assert r["heads"] == 16  # 2 layers × 4 heads × (Q/K, V/O)
+    # a second call skips everything and leaves the file byte-identical
+    text = (reference / "results.jsonl").read_text()
+    pop.evaluate_population(reference, **EVAL)
+    assert (reference / "results.jsonl").read_text() == text
+    with pytest.raises(ValueError, match="other evaluation settings"):
+        pop.evaluate_population(reference, **dict(EVAL, n_iter=4))
+
+
+def test_torn_last_line_is_repaired(reference, tmp_path):
+    out = cases.copy_population(reference, tmp_path, results=True)
+    lines = (out / "results.jsonl").read_text().splitlines(keepends=True)
+    (out / "results.jsonl").write_text(lines[0] + lines[1] + lines[2][: len(lines[2]) // 2])  # killed mid-write
+    pop.evaluate_population(out, **EVAL)
+    assert (out / "results.jsonl").read_text() == (reference / "results.jsonl").read_text()
+
+
+def test_sigkill_and_resume(reference, tmp_path):
+    out = cases.copy_population(reference, tmp_path)
+    cmd = [sys.executable, "-m", "geosharp_ref.cli", "population", "evaluate", "--out", str(out)] + EVAL_ARGS
+    results = out / "results.jsonl"
+    proc = subprocess.Popen(cmd, env=cases.subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if results.is_file() and results.read_bytes().count(b"\n") >= 1:
+                break
+            time.sleep(0.01)
+        assert proc.poll() is None, "evaluation ended before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    done = results.read_bytes().count(b"\n")
+    assert 1 <= done < N_MODELS
+    r = subprocess.run(cmd, env=cases.subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    names = [x["model"] for x in cases.jsonl(results)]
+    assert sorted(names) == [f"model_{i:03d}" for i in range(N_MODELS)]  # each exactly once
+    assert results.read_text() == (reference / "results.jsonl").read_text()  # same values, same order
+
+
+def test_torchrun_two_gloo_ranks_match_single_process(reference, tmp_path):
+    out = cases.copy_population(reference, tmp_path)
+    # one model already done by an earlier run: the ranks share the three others
+    ref_lines = (reference / "results.jsonl").read_text().splitlines(keepends=True)
+    (out / "results.jsonl").write_text(ref_lines[1])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "geosharp_ref.cli", "population", "evaluate", "--out", str(out)] + EVAL_ARGS
+    r = subprocess.run(cmd, env=cases.subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert (out / "results.jsonl").read_text() == (reference / "results.jsonl").read_text()
+    assert not (out / "results.parts").exists()
+
+
+def test_tagged_ablation_evaluation_is_separate(reference, tmp_path):
+    """Ablations go to their own files (--tag) and equal direct geodesic_sharpness calls with the flags."""
+    out = cases.copy_population(reference, tmp_path, results=True)
+    main_results = (out / "results.jsonl").read_text()
+    ev = dict(EVAL, rhos=(0.02,), measures=("geodesic-mix-first-order", "geodesic-inv-frobenius"))
+    recs = pop.evaluate_population(out, tag="abl", **ev)
+    assert (out / "results.jsonl").read_text() == main_results  # untouched
+    assert (out / "results-abl.jsonl").read_text().count("\n") == N_MODELS
+    man = json.loads((out / "population.json").read_text())
+    batches = pop.sharpness_batches(man, EVAL["n_batches"], EVAL["batch_size"], out)
+    model = load_model(out / "models/model_001")
+    first = geodesic_sharpness(model, batches, 0.02, metric="mix", n_iter=EVAL["n_iter"], geodesic_correction=False)
+    frob = geodesic_sharpness(model, batches, 0.02, metric="inv", n_iter=EVAL["n_iter"], metric_norm=False)
+    full = geodesic_sharpness(model, batches, 0.02, metric="mix", n_iter=EVAL["n_iter"])
+    vals = recs["model_001"]["values"]
+    assert vals["geodesic-mix-first-order"]["0.02"] == pytest.approx(first.mean, rel=1e-12)
+    assert vals["geodesic-inv-frobenius"]["0.02"] == pytest.approx(frob.mean, rel=1e-12)
+    assert first.mean != pytest.approx(full.mean, rel=1e-9)  # the ablation really changes the measure
+    res = pop.correlate_population(out, n_boot=50, tag="abl", plot=False)
+    assert set(res["tau"]["0.02"]) == set(ev["measures"]) and (out / "correlation-abl.json").is_file()
+    with pytest.raises(FileNotFoundError, match="--tag nope"):
+        pop.correlate_population(out, tag="nope")
