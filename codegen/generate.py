@@ -510,6 +510,13 @@ def _prepare_function(em: _Emitter, proj) -> str:
             + textwrap.indent(f'"""{doc}"""\n', "    ") + textwrap.indent(body, "    ") + "\n")
 
 
+def _umask() -> int:
+    """The process's umask (read by setting and restoring it)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_modules(modules: list[GeneratedModule], directory: Path = GENERATED_DIR) -> list[Path]:
     """Write generated modules atomically (temp file + os.replace each, after all are generated)."""
     directory = Path(directory)
@@ -521,6 +528,7 @@ def write_modules(modules: list[GeneratedModule], directory: Path = GENERATED_DI
     staged = []
     for mod in modules:
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{mod.name}.", suffix=".tmp")
+        os.fchmod(fd, 0o644 & ~_umask())  # mkstemp makes 0600; a generated module is an ordinary file
         with os.fdopen(fd, "w") as f:
             f.write(mod.source)
         staged.append((tmp, directory / f"{mod.name}.py"))

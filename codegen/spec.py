@@ -30,7 +30,17 @@ def load_spec(path: Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"spec file {path} does not exist")
-    namespace = runpy.run_path(str(path))
+    try:
+        namespace = runpy.run_path(str(path))
+    except Exception as exc:  # the user's file failed: one clear line, not its traceback
+        where = ""
+        tb = exc.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename == str(path):
+                where = f" (line {tb.tb_lineno})"
+            tb = tb.tb_next
+        raise DeclarationError(f"spec file {path} raised {type(exc).__name__}{where}: {exc}; fix the file "
+                               f"(it must define SPEC = {{'module_name': Metric(...)}})") from exc
     spec = namespace.get("SPEC")
     if not isinstance(spec, dict) or not spec:
         raise DeclarationError(

@@ -692,3 +692,15 @@ def save_bert_backbone(path, vocab_size=50, max_position_embeddings=32, tokenize
     if tokenizer_from is not None:
         tf.AutoTokenizer.from_pretrained(str(tokenizer_from), local_files_only=True).save_pretrained(path)
     return Path(path)
+
+
+def quiet_transformers():
+    """transformers with its logging at ERROR (no load reports in test output); skips without it."""
+    import logging
+
+    import pytest
+
+    tf = pytest.importorskip("transformers")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    tf.logging.set_verbosity_error()
+    return tf

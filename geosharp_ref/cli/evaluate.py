@@ -10,16 +10,22 @@ import torch
 
 from ..io.data import load_data, split_batches
 from ..io.models import check_model_dir
-from ..sharpness.measures import adaptive_sharpness, geodesic_sharpness
+from ..sharpness.measures import adaptive_sharpness, geodesic_sharpness, rho_for_size
 from ..verification.orbits import NO_GROUPS_WARNING
 from .common import check_positive, describe_symmetry, load_model_with_head, symmetry_map_quiet
 
-__all__ = ["run"]
+__all__ = ["run", "PROBE_RHOS"]
+
+#: the probe radii of --target-relative-size
+PROBE_RHOS = (0.01, 0.03)
 
 
 def run(args) -> int:
     """``geosharp evaluate``: adaptive or geodesic sharpness of a saved model on a saved data set."""
-    check_positive("rho", args.rho)
+    if args.rho is not None:
+        check_positive("rho", args.rho)
+    else:
+        check_positive("--target-relative-size", args.target_relative_size)
     check_positive("--eps", args.eps, allow_zero=True)
     if args.iters < 1:
         raise ValueError(f"--iters must be at least 1, got {args.iters}")
@@ -40,20 +46,30 @@ def run(args) -> int:
     print(f"  data      : {args.data}, {n_batches} batches × {args.batch_size} (first "
           f"{n_batches * args.batch_size} of {n} examples)")
     smap = None
-    if args.metric == "adaptive":
-        result = adaptive_sharpness(model, batches, args.rho, **common)
-    else:
+    if args.metric != "adaptive":
         smap = symmetry_map_quiet(model)
         describe_symmetry(smap)
         if not smap.groups:
             print(f"geosharp: warning: no recognised GL(h) attention in {name}: geodesic sharpness equals "
                   f"adaptive sharpness for this model", file=sys.stderr)
+
+    def measure(rho, on, **kw):
+        if args.metric == "adaptive":
+            return adaptive_sharpness(model, on, rho, **{**common, **kw})
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=NO_GROUPS_WARNING)
-            result = geodesic_sharpness(model, batches, args.rho, metric=args.metric, eps=args.eps,
-                                        geodesic_correction=not args.no_geodesic_correction,
-                                        metric_norm=not args.no_metric_norm, gradient=args.gradient,
-                                        symmetry_map=smap, **common)
+            return geodesic_sharpness(model, on, rho, metric=args.metric, eps=args.eps,
+                                      geodesic_correction=not args.no_geodesic_correction,
+                                      metric_norm=not args.no_metric_norm, gradient=args.gradient,
+                                      symmetry_map=smap, **{**common, **kw})
+
+    rho = args.rho
+    if rho is None:  # matched perturbation size: fit ρ ↦ ‖Δθ‖/‖θ‖ on the first batch from two probes
+        sizes = [measure(r, batches[:1], progress=False).relative_size[0] for r in PROBE_RHOS]
+        rho = rho_for_size(PROBE_RHOS, sizes, [args.target_relative_size])[0]
+        print(f"  radius    : ρ = {rho:.4g} for ‖Δθ‖/‖θ‖ = {args.target_relative_size:g} (first batch: "
+              + ", ".join(f"ρ {r:g} → {x:.3g}" for r, x in zip(PROBE_RHOS, sizes)) + ")")
+    result = measure(rho, batches)
     cfg = result.config
     opts = f"APGD {cfg['n_iter']} iterations, {cfg['dtype'].replace('torch.', '')}"
     if smap is not None:
@@ -63,6 +79,9 @@ def run(args) -> int:
     print(f"  rho       : {result.rho:g} ({opts})")
     print(f"  mean      : {result.mean:.6g}")
     print(f"  per batch : {', '.join(f'{v:.6g}' for v in result.per_batch)}")
+    groups = result.relative_size_groups[0] if result.relative_size_groups else {}
+    print(f"  ‖Δθ‖/‖θ‖  : median {result.median_relative_size:.3g} over the batches"
+          + (" (first batch: " + ", ".join(f"{k} {v:.3g}" for k, v in groups.items()) + ")" if groups else ""))
     print(f"  seconds   : {result.seconds:.2f}")
 
     if args.json:

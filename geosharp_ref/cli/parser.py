@@ -12,7 +12,7 @@ __all__ = ["build_parser", "COMMANDS", "DATA_FORMAT", "POPULATION_TASKS", "MEASU
 
 #: command (or ``population`` action) -> the module of this package that runs it (``run(args)``)
 COMMANDS = {"derive": "derive", "demo": "demo", "evaluate": "evaluate", "verify": "verify", "diagnet": "diagnet",
-            "population": "population"}
+            "population": "population", "data": "data"}
 
 # Kept in step with geosharp_ref.studies.population.tasks.TASKS and geosharp_ref.sharpness.measures.MEASURES
 # (tests check both); spelled out here so that building the parser imports neither.
@@ -77,7 +77,12 @@ def _add_evaluate(sub):
                        epilog=DATA_FORMAT, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model_dir", metavar="MODEL_DIR", help="local Hugging Face-format model directory")
     p.add_argument("--data", required=True, metavar="FILE", help="data file (format below)")
-    p.add_argument("--rho", type=float, required=True, metavar="R", help="radius of the perturbation ball (> 0)")
+    radius = p.add_mutually_exclusive_group(required=True)
+    radius.add_argument("--rho", type=float, metavar="R", help="radius of the perturbation ball (> 0)")
+    radius.add_argument("--target-relative-size", type=float, metavar="S",
+                        help="instead of --rho: the radius at which the maximiser changes the weights by "
+                             "‖Δθ‖/‖θ‖ = S on the first batch (fitted from two probe radii, 0.01 and 0.03), so "
+                             "that measures compare at matched perturbation size")
     p.add_argument("--metric", required=True, choices=("adaptive", "inv", "mix"),
                    help="adaptive sharpness, or geodesic sharpness with the inv / mix quotient metric")
     p.add_argument("--batches", type=int, metavar="N", help="number of batches (default: all full batches)")
@@ -124,6 +129,36 @@ def _add_verify(sub):
                    help="for a checkpoint without a classification head (BertModel, a sentence-transformers "
                         "folder, a ViT backbone): attach a seeded K-class head and fit it as a linear probe on the "
                         "data with the backbone frozen (accuracy printed and saved)")
+
+
+def _add_data(sub):
+    p = sub.add_parser("data", help="build a data file from a CSV/TSV/JSONL text file or a folder of images, "
+                                    "with the model directory's own tokenizer / image processor",
+                       description="Build a data file for evaluate/verify from real inputs, offline.\n"
+                                   "Text: the rows of FILE, tokenized with MODEL_DIR's tokenizer (pairs through\n"
+                                   "--text-pair-column), truncated and padded to --max-length: input_ids,\n"
+                                   "attention_mask (token_type_ids for pairs when the tokenizer gives them).\n"
+                                   "Images: DIR/<class>/<image> (png/jpg/jpeg/bmp/gif/webp); the sorted class\n"
+                                   "folders are the class indices; MODEL_DIR's image processor gives pixel_values.\n"
+                                   "Integer labels are used as they are; names become class indices in sorted\n"
+                                   "order (or the order of --labels) and are saved under the key 'labels'.\n"
+                                   "The file is written atomically; bad input writes nothing.",
+                       epilog=DATA_FORMAT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model_dir", metavar="MODEL_DIR",
+                   help="local Hugging Face-format directory holding the model's tokenizer or image processor")
+    p.add_argument("--text", metavar="FILE", help="a .csv, .tsv (tab-separated; both with a header line) or .jsonl "
+                                                  "(one JSON object per line) file")
+    p.add_argument("--images", metavar="DIR", help="a folder with one sub-folder of images per class")
+    p.add_argument("--text-column", metavar="COL", help="column holding the text (with --text)")
+    p.add_argument("--text-pair-column", metavar="COL2",
+                   help="column holding the second sentence of a pair (NLI-style tasks; with --text)")
+    p.add_argument("--label-column", metavar="LABEL", help="column holding the labels (with --text)")
+    p.add_argument("--max-length", type=int, metavar="L",
+                   help="tokens per example after truncation and padding (default 128; with --text)")
+    p.add_argument("--labels", metavar="a,b,c",
+                   help="class names in index order (with --text; default: sorted names; integer labels are used as "
+                        "they are)")
+    p.add_argument("--out", required=True, metavar="FILE", help="data file to write (parent directories are created)")
 
 
 def _add_diagnet(sub):
@@ -251,6 +286,6 @@ def build_parser() -> argparse.ArgumentParser:
     """The whole ``geosharp`` parser: one subparser per command (see :data:`COMMANDS`)."""
     parser = argparse.ArgumentParser(prog="geosharp", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_derive, _add_demo, _add_evaluate, _add_verify, _add_diagnet, _add_population):
+    for add in (_add_derive, _add_demo, _add_evaluate, _add_verify, _add_data, _add_diagnet, _add_population):
         add(sub)
     return parser

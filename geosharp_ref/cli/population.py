@@ -1,4 +1,4 @@
-"""``geosharp population train|evaluate|study|import|correlate``: the population study's actions."""
+"""``geosharp population train|evaluate|study|calibrate|import|correlate``: the population study's actions."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -7,17 +7,22 @@ leaves a half-written file behind:
   it, ``os.replace`` it over the target (readers see the old or the new file, never a mix);
 * :func:`append_line` — one JSON line appended with a single ``os.write`` and ``os.fsync``;
 * :func:`read_jsonl` — the complete lines of a JSON-lines file, optionally truncating a torn last line;
-* :func:`fsync_dir`, :func:`fsync_tree` — make renames and new files durable.
+* :func:`fsync_dir`, :func:`fsync_tree` — make renames and new files durable;
+* :func:`exclusive_lock` — one writer at a time (an advisory ``flock`` held for the duration; the OS
+  releases it when the process dies, so a killed run never leaves a stale lock).
 """
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
 import os
 from pathlib import Path
 
 import torch
 
-__all__ = ["write_json_atomic", "save_torch_atomic", "append_line", "read_jsonl", "fsync_dir", "fsync_tree"]
+__all__ = ["exclusive_lock", "write_json_atomic", "save_torch_atomic", "append_line", "read_jsonl", "fsync_dir", "fsync_tree"]
 
 
 def _tmp_beside(path: Path) -> Path:
@@ -105,3 +110,23 @@ def fsync_tree(path) -> None:
         if p.is_file():
             with open(p, "rb") as f:
                 os.fsync(f.fileno())
+
+
+@contextlib.contextmanager
+def exclusive_lock(path, busy: str = "the resource is in use by another process", enabled: bool = True):
+    """Hold an exclusive, non-blocking ``flock`` on ``path`` (created if needed) for the ``with`` block;
+    a second holder is refused at once with ``ValueError(busy)``."""
+    if not enabled:
+        yield
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise ValueError(busy) from None
+            raise
+        yield
+    finally:
+        os.close(fd)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["load_model", "has_logits_head", "require_logits_head", "load_hf_classifier", "check_model_dir", "loader_for", "quiet_transformers", "HF_WEIGHTS"]
+__all__ = ["load_model", "refuse_incomplete_weights", "has_logits_head", "require_logits_head", "load_hf_classifier", "check_model_dir", "loader_for", "quiet_transformers", "HF_WEIGHTS"]
 
 
 @contextlib.contextmanager
@@ -69,6 +69,13 @@ def load_model(model_dir, num_labels: int | None = None, seed: int = 0):
     initialised under ``torch.manual_seed(seed)``: for a checkpoint without a head, before
     :func:`geosharp_ref.probe.fit_linear_probe`."""
     path = check_model_dir(model_dir)
+    if not any((path / f).is_file() for f in HF_WEIGHTS):
+        others = sorted(p.name for p in path.iterdir() if p.suffix in (".h5", ".msgpack", ".ckpt", ".index"))
+        hint = (f" (found {others}: convert TensorFlow/Flax weights to PyTorch first, e.g. load them with "
+                f"from_tf=True / from_flax=True where those frameworks are installed and save_pretrained)"
+                if others else "")
+        raise FileNotFoundError(f"{str(path)!r} has config.json but no PyTorch weights (one of "
+                                f"{list(HF_WEIGHTS)}){hint}")
     import transformers
 
     if num_labels is not None and (isinstance(num_labels, bool) or int(num_labels) != num_labels
@@ -78,7 +85,9 @@ def load_model(model_dir, num_labels: int | None = None, seed: int = 0):
         with quiet_transformers():
             config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
             if num_labels is None:
-                model = loader_for(config).from_pretrained(path, attn_implementation="eager", local_files_only=True)
+                cls = loader_for(config)
+                model, info = cls.from_pretrained(path, attn_implementation="eager", local_files_only=True,
+                                                  output_loading_info=True)
             else:
                 cls = (transformers.AutoModelForImageClassification if getattr(config, "image_size", None)
                        else transformers.AutoModelForSequenceClassification)
@@ -90,11 +99,31 @@ def load_model(model_dir, num_labels: int | None = None, seed: int = 0):
                                                 attn_implementation="eager", local_files_only=True)
                 finally:
                     transformers.logging.set_verbosity(verbosity)
-    except (OSError, KeyError) as exc:  # missing weights, unknown model type: one clear line
-        raise ValueError(f"could not load a model from {str(path)!r}: {exc}") from exc
-    except ValueError as exc:  # e.g. a config with no classification class for this architecture
-        raise ValueError(f"could not load {str(path)!r} with a {num_labels}-class head: {exc}") from exc
+    except Exception as exc:  # unreadable or corrupt weights, unknown model type, no head class: one clear line
+        if "ignore_mismatched_sizes" in str(exc):
+            raise ValueError(f"{str(path)!r}: the checkpoint's weights do not match the shapes config.json "
+                             f"describes (mismatched sizes); check config.json (num_labels, sizes) against the "
+                             f"weights, or the conversion that wrote them") from exc
+        what = f"with a {num_labels}-class head " if num_labels is not None else ""
+        raise ValueError(f"could not load a model {what}from {str(path)!r}: {type(exc).__name__}: {exc}") from exc
+    if num_labels is None:
+        refuse_incomplete_weights(path, type(model), info)
     return model.eval()
+
+
+def refuse_incomplete_weights(path, cls, info) -> None:
+    """Refuse a checkpoint whose weights leave parameters of ``cls`` uninitialised or mis-shaped
+    (transformers would initialise them at random and only warn)."""
+    missing = sorted(info.get("missing_keys") or [])
+    mismatched = list(info.get("mismatched_keys") or [])
+    if missing or mismatched:
+        raise ValueError(
+            f"{str(path)!r}: the checkpoint does not cover {cls.__name__}"
+            + (f"; missing {len(missing)} weights {missing[:6]}" if missing else "")
+            + (f"; mismatched shapes {mismatched[:3]}" if mismatched else "")
+            + " (transformers would initialise them at random). Check the conversion: parameter names "
+              "must carry the model's prefixes (e.g. 'bert.' and 'classifier.') and config.json must have "
+              "the right num_labels / architectures")
 
 
 def has_logits_head(model) -> bool:
@@ -123,32 +152,4 @@ def load_hf_classifier(model_dir):
     ``pytorch_model.bin``, sharded or not) with :func:`load_model`'s class
     choice (sequence classification for BERT MNLI fine-tunes: the label count comes from config.json),
     refusing one whose weights leave model parameters uninitialised."""
-    path = check_model_dir(model_dir)
-    if not any((path / f).is_file() for f in HF_WEIGHTS):
-        others = sorted(p.name for p in path.iterdir() if p.suffix in (".h5", ".msgpack", ".ckpt", ".index"))
-        hint = (f" (found {others}: convert TensorFlow/Flax weights to PyTorch first, e.g. load them with "
-                f"from_tf=True / from_flax=True where those frameworks are installed and save_pretrained)"
-                if others else "")
-        raise FileNotFoundError(f"{str(path)!r} has config.json but no PyTorch weights (one of "
-                                f"{list(HF_WEIGHTS)}){hint}")
-    import transformers
-
-    try:
-        with quiet_transformers():
-            config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
-            cls = loader_for(config)
-            model, info = cls.from_pretrained(path, attn_implementation="eager", local_files_only=True,
-                                              output_loading_info=True)
-    except (OSError, KeyError) as exc:
-        raise ValueError(f"could not load a model from {str(path)!r}: {exc}") from exc
-    missing = sorted(info.get("missing_keys") or [])
-    mismatched = list(info.get("mismatched_keys") or [])
-    if missing or mismatched:
-        raise ValueError(
-            f"{str(path)!r}: the checkpoint does not cover {cls.__name__}"
-            + (f"; missing {len(missing)} weights {missing[:6]}" if missing else "")
-            + (f"; mismatched shapes {mismatched[:3]}" if mismatched else "")
-            + " (transformers would initialise them at random). Check the conversion: parameter names "
-              "must carry the model's prefixes (e.g. 'bert.' and 'classifier.') and config.json must have "
-              "the right num_labels / architectures")
-    return model.eval()
+    return load_model(model_dir)

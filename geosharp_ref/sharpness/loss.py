@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-__all__ = ["model_logits", "check_targets", "default_loss", "call_model", "model_loss", "to_device", "check_finite_batch"]
+__all__ = ["IGNORE_INDEX", "model_logits", "check_targets", "default_loss", "call_model", "model_loss", "to_device", "check_finite_batch"]
 
 
 def model_logits(out):
@@ -27,8 +27,14 @@ def model_logits(out):
     return out
 
 
+#: a target that takes no part in the loss (cross-entropy's ``ignore_index``): the unmasked positions of a
+#: masked-LM batch, the padding of a causal-LM batch
+IGNORE_INDEX = -100
+
+
 def check_targets(logits, targets) -> None:
-    """Targets fit the logits: integer class indices in [0, C) of shape ``logits.shape[:-1]``."""
+    """Targets fit the logits: integer class indices in [0, C) (or :data:`IGNORE_INDEX`) of shape
+    ``logits.shape[:-1]``."""
     if not torch.is_tensor(targets):
         raise ValueError(f"targets must be a tensor of class indices, got {type(targets).__name__}")
     if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
@@ -39,16 +45,19 @@ def check_targets(logits, targets) -> None:
                          f"{tuple(logits.shape)}: expected {tuple(logits.shape[:-1])} (one class index per "
                          f"example, or per position for per-token logits)")
     C = logits.shape[-1]
-    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= C):
-        bad = targets[(targets < 0) | (targets >= C)]
+    wrong = ((targets < 0) & (targets != IGNORE_INDEX)) | (targets >= C)
+    if bool(wrong.any()):
+        bad = targets[wrong]
         raise ValueError(f"targets must be class indices in [0, {C}) for this model's {C} logits; found "
                          f"{sorted(set(bad.tolist()))[:5]} (a label set larger than the model's head? "
                          f"fit a head with --num-labels K)")
 
 
 def default_loss(logits, targets):
-    """Mean cross-entropy over all positions (logits (..., C), integer targets (...)); targets that do not
-    fit the logits are refused with a clear message (:func:`check_targets`)."""
+    """Mean cross-entropy over all positions (logits (..., C), integer targets (...)) whose target is not
+    :data:`IGNORE_INDEX` (−100): a classifier's loss, or a checkpoint's own pre-training loss (masked-LM:
+    targets the original tokens at masked positions, −100 elsewhere; causal-LM: the next tokens). Targets
+    that do not fit the logits are refused with a clear message (:func:`check_targets`)."""
     check_targets(logits, targets)
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 

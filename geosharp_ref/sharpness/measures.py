@@ -25,7 +25,7 @@ from .space import PerturbationSpace
 
 __all__ = ["SharpnessResult", "relative_perturbation", "adaptive_sharpness", "geodesic_sharpness", "Measure", "MEASURES",
            "HEADLINE_MEASURES", "ABLATION_MEASURES", "LINEARISED_MEASURES", "get_measure", "prepare_inputs",
-           "gradient_dual_norm", "linearised_sharpness"]
+           "gradient_dual_norm", "linearised_sharpness", "check_padding_mask", "MAX_RHO", "rho_for_size"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -71,9 +71,36 @@ class SharpnessResult:
 
 # ------------------------------------------------------------------------------------------------
 
+#: the largest radius accepted: beyond it the perturbation is larger than the weights themselves
+MAX_RHO = 10.0
+#: trailing padding tokens in one row that mark a batch as padded text (random ids rarely end in a run)
+PAD_RUN = 3
+
+
+def check_padding_mask(model, batches) -> None:
+    """Refuse padded text without an ``attention_mask``: a batch with ``input_ids`` of which some row ends
+    in ≥ :data:`PAD_RUN` copies of the model's padding token (``config.pad_token_id``) and no mask would let
+    the padding tokens take part in attention and silently change the result."""
+    pad = getattr(getattr(model, "config", None), "pad_token_id", None)
+    if pad is None:
+        return
+    for i, (inputs, _) in enumerate(batches):
+        if not isinstance(inputs, dict) or "attention_mask" in inputs:
+            continue
+        ids = inputs.get("input_ids")
+        if torch.is_tensor(ids) and ids.dim() >= 2 and ids.shape[-1] > PAD_RUN:
+            if bool((ids[..., -PAD_RUN:] == pad).all(-1).any()):
+                raise ValueError(f"batch {i}: input_ids are padded with the model's padding token {pad} but the "
+                                 f"inputs have no attention_mask, so the padding would change the result; add the "
+                                 f"tokenizer's attention_mask to the inputs (`geosharp data` writes it)")
+
+
 def prepare_inputs(model, batches, rho, dtype):
     if isinstance(rho, bool) or not (isinstance(rho, (int, float)) and rho > 0 and math.isfinite(rho)):
         raise ValueError(f"rho must be a positive finite number, got {rho!r}")
+    if rho > MAX_RHO:
+        raise ValueError(f"rho = {rho:g} is larger than {MAX_RHO:g}: the perturbation would be larger than the "
+                         f"weights themselves (adaptive ρ is relative to |θ|); typical radii are 1e-3 to 1")
     batches = list(batches)
     if not batches:
         raise ValueError("no batches given: pass at least one (inputs, targets) batch")
@@ -81,6 +108,7 @@ def prepare_inputs(model, batches, rho, dtype):
         if not (isinstance(b, (tuple, list)) and len(b) == 2):
             raise ValueError(f"batch {i} must be a pair (inputs, targets), got {type(b).__name__}")
         check_finite_batch(b, i)
+    check_padding_mask(model, batches)
     params = {n: p.detach() for n, p in model.named_parameters()}
     for n, p in params.items():
         if p.is_floating_point() and not torch.isfinite(p).all():
@@ -90,6 +118,20 @@ def prepare_inputs(model, batches, rho, dtype):
     params = {n: p.to(dtype) for n, p in params.items()}
     batches = [(to_device(x, device, dtype), to_device(y, device, None)) for x, y in batches]
     return params, batches, device, dtype
+
+
+def rho_for_size(probe_rhos, probe_sizes, targets) -> list:
+    """Radii at which a measure's relative weight change reaches each target size, from two probes:
+    log s is a line in log ρ through (ρ₁, s₁) and (ρ₂, s₂) (s ∝ ρ^slope; slope 1 to first order)."""
+    (r1, r2), (s1, s2) = [float(r) for r in probe_rhos], [float(x) for x in probe_sizes]
+    if not (0 < r1 < r2 and s1 > 0 and s2 > 0):
+        raise ValueError(f"cannot fit ρ ↦ ‖Δθ‖/‖θ‖ from probes ρ {probe_rhos} with sizes {probe_sizes}: the probes "
+                         f"must be increasing and must move the weights (a batch at a loss maximum does not)")
+    slope = math.log(s2 / s1) / math.log(r2 / r1)
+    if not slope > 0:
+        raise ValueError(f"the relative weight change did not grow with ρ between the probes {probe_rhos} "
+                         f"(sizes {probe_sizes}); choose other probe radii")
+    return [r1 * (float(t) / s1) ** (1.0 / slope) for t in targets]
 
 
 def relative_perturbation(params: dict, perturbed: dict, pair_params=()) -> dict:
@@ -132,15 +174,15 @@ def _evaluate(model, measure, batches, rho, *, metric=None, smap=None, n_iter=20
     gen = torch.Generator().manual_seed(seed)
     per, before, after, norms, trajs, sizes, size_groups = [], [], [], [], [], [], []
     pair_params = {n for g in groups for n in g.param_names}
-    iterator = batches
-    if progress:
-        from tqdm.auto import tqdm
-        iterator = tqdm(batches, desc=f"{measure} sharpness", unit="batch")
     try:
-        for batch in iterator:
+        with torch.no_grad():  # L(θ) of every batch first: bad targets are refused before any progress bar
+            losses = [float(model_loss(model, params, batch, loss_fn)) for batch in batches]
+        iterator = zip(batches, losses)
+        if progress:
+            from tqdm.auto import tqdm
+            iterator = tqdm(iterator, total=len(batches), desc=f"{measure} sharpness", unit="batch")
+        for batch, l0 in iterator:
             f_and_grad = space.value_and_grad(lambda params, batch=batch: model_loss(model, params, batch, loss_fn))
-            with torch.no_grad():
-                l0 = float(model_loss(model, params, batch, loss_fn))
             res = apgd(f_and_grad, space, rho, n_iter=n_iter, random_start=random_start, generator=gen)
             best = max(res.best_value, l0)
             per.append(best - l0)

@@ -1,4 +1,4 @@
-"""Adaptive and geodesic worst-case sharpness of whole models (paper Appendix C).
+"""The perturbation space of a whole model (paper Appendix C): GL(h) pairs in their quotient geometry, the rest adaptive.
 
     S(θ) = max_{ξ horizontal, ‖ξ‖ ≤ ρ}  L_B(γ_ξ(1)) − L_B(θ),   averaged over batches B.
 

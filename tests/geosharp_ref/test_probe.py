@@ -85,3 +85,22 @@ def test_cli_evaluates_a_backbone_with_a_probe(headless, tmp_path, capsys):
 def test_cli_num_labels_needs_data_for_verify(headless, capsys):
     rc = main(["verify", str(headless / "model"), "--num-labels", "3"])
     assert rc == 2 and "pass --data FILE" in capsys.readouterr().err
+
+
+def test_vit_backbone_gets_an_image_classification_head(tmp_path):
+    """A ViTModel directory: --num-labels loads ViTForImageClassification and the probe fits its classifier
+    (the [CLS] representation), reaching the accuracy of the same solve done here by hand."""
+    torch.manual_seed(0)
+    cfg = transformers.ViTConfig(image_size=8, patch_size=4, num_channels=3, hidden_size=16, num_hidden_layers=2,
+                                 num_attention_heads=2, intermediate_size=32, architectures=["ViTModel"])
+    transformers.ViTModel(cfg).save_pretrained(tmp_path / "vit")
+    assert not has_logits_head(load_model(tmp_path / "vit"))
+    model = load_model(tmp_path / "vit", num_labels=3, seed=1)
+    assert type(model).__name__ == "ViTForImageClassification"
+    g = torch.Generator().manual_seed(2)
+    x = {"pixel_values": torch.randn(30, 3, 8, 8, generator=g)}
+    y = torch.randint(3, (30,), generator=g)
+    fit = fit_linear_probe(model, x, y, 3)
+    with torch.no_grad():
+        acc = float((model(**x).logits.argmax(-1) == y).double().mean())
+    assert fit["accuracy"] == pytest.approx(acc) and fit["examples"] == 30

@@ -29,6 +29,7 @@ import torch
 
 from ...io.durable import write_json_atomic
 from ...sharpness.measures import MEASURES as NAMED_MEASURES
+from ...sharpness.measures import rho_for_size
 from ...symmetry import symmetry_map as build_symmetry_map
 from .evaluation import MEASURES, load_population_model, rho_key, sharpness_batches
 from .manifest import read_manifest
@@ -121,9 +122,8 @@ def calibrate_population(out, sizes, measures=MEASURES, models: int = 3, batch_s
         if not (s1 > 0 and s2 > 0):
             raise ValueError(f"{m}: the probes moved no weight (median sizes {s1:g}, {s2:g}); the models may sit "
                              f"at a loss maximum of the batch, or the probe radii are too small")
-        slope = math.log(s2 / s1) / math.log(probes[1] / probes[0])
-        fits[m] = dict(median_sizes=[s1, s2], slope=slope)
-        grid[m] = [float(f"{probes[0] * (s / s1) ** (1.0 / slope):.4g}") for s in sizes]
+        fits[m] = dict(median_sizes=[s1, s2], slope=math.log(s2 / s1) / math.log(probes[1] / probes[0]))
+        grid[m] = [float(f"{r:.4g}") for r in rho_for_size(probes, (s1, s2), sizes)]
     calibration = dict(settings=settings, measured=measured, fit=fits, grid=grid,
                        models_used=[e["name"] for e in entries], seconds=round(time.perf_counter() - t0, 1))
     write_json_atomic(path, calibration)

@@ -20,7 +20,7 @@ import torch
 
 from ... import distributed as gdist
 from ...io.data import load_data, split_batches
-from ...io.durable import append_line, fsync_dir, read_jsonl, write_json_atomic
+from ...io.durable import append_line, exclusive_lock, fsync_dir, read_jsonl, write_json_atomic
 from ...io.models import load_model
 from ...sharpness.measures import ABLATION_MEASURES, HEADLINE_MEASURES, LINEARISED_MEASURES
 from ...sharpness.measures import MEASURES as NAMED_MEASURES
@@ -168,6 +168,16 @@ def evaluate_population(out, rhos=DEFAULT_RHOS, measures=MEASURES, n_batches: in
     out, files = Path(out), population_files(tag)
     manifest = read_manifest(out)
     rank, world = gdist.rank_world()
+    with exclusive_lock(out / f".evaluate{'-' + tag if tag else ''}.lock", enabled=(world == 1),
+                        busy=f"another `geosharp population evaluate` is running on {out}"
+                             f"{f' (tag {tag!r})' if tag else ''}; wait for it to finish (its results are kept "
+                             f"and this one would only repeat them), or use another --tag"):
+        return _evaluate_population(out, files, manifest, rank, world, rhos, measures, n_batches, batch_size,
+                                    n_iter, seed, threads, progress, device, tag, sizes)
+
+
+def _evaluate_population(out, files, manifest, rank, world, rhos, measures, n_batches, batch_size, n_iter, seed,
+                         threads, progress, device, tag, sizes):
     if threads:
         torch.set_num_threads(threads)
     if device is None:

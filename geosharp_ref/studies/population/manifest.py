@@ -32,7 +32,17 @@ def read_manifest(out) -> dict:
     path = Path(out) / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist; run `geosharp population train --out {out}` first")
-    man = json.loads(path.read_text())
+    try:
+        man = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is not a valid population manifest (corrupt JSON: {exc}); restore it, or delete "
+                         f"{out} and train again") from None
+    if not isinstance(man, dict) or not isinstance(man.get("models"), list) or "plan" not in man:
+        raise ValueError(f"{path} is not a valid population manifest (expected 'plan' and a 'models' list); "
+                         f"restore it, or delete {out} and train again")
+    if not man["models"]:
+        raise ValueError(f"the population in {out} has no models; train one with `geosharp population train "
+                         f"--out {out} --models N` (N ≥ 3 for a correlation)")
     if not man.get("complete"):
         raise ValueError(f"population in {out} is not completely trained; rerun `geosharp population train "
                          f"--out {out}` (it resumes)")

@@ -165,6 +165,8 @@ def train_population(out, n_models: int = 32, seed: int = 0, split_seed: int = 0
     is a built-in task's name or a task object (its name must be a built-in one: worker processes
     rebuild it by name, everything else they need is in the manifest's data spec and architecture)."""
     ptask = get_task(task) if isinstance(task, str) else task
+    if isinstance(n_models, bool) or int(n_models) != n_models or n_models < 1:
+        raise ValueError(f"--models must be a positive integer, got {n_models!r}")
     out = Path(out)
     (out / "models").mkdir(parents=True, exist_ok=True)
     for stale in (out / "models").glob(".tmp-*"):  # left by a killed run

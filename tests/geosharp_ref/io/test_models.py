@@ -76,6 +76,9 @@ def test_check_model_dir_and_unloadable_directories(tmp_path):
     (tmp_path / "cfg").mkdir()
     cases.bert().config.save_pretrained(tmp_path / "cfg")  # config.json but no weights
     assert check_model_dir(tmp_path / "cfg") == tmp_path / "cfg"
+    with pytest.raises(FileNotFoundError, match="has config.json but no PyTorch weights"):
+        load_model(tmp_path / "cfg")
+    (tmp_path / "cfg" / "model.safetensors").write_bytes(b"not a safetensors file")  # corrupt weights
     with pytest.raises(ValueError, match="could not load a model from"):
         load_model(tmp_path / "cfg")
 

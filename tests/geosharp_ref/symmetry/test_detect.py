@@ -6,7 +6,6 @@ by hand. The models are the symmetry cases of tests/cases.py.
 """
 from __future__ import annotations
 
-import logging
 import warnings
 
 import pytest
@@ -20,9 +19,7 @@ from tests.cases import rel_error as _rel
 from tests.cases import (RawAttention, forward as _run, params_of as _params, random_gl as _random_A,
                          symmetry_case as build)
 
-transformers = pytest.importorskip("transformers")
-logging.getLogger("transformers").setLevel(logging.ERROR)
-transformers.logging.set_verbosity_error()
+transformers = cases.quiet_transformers()
 
 DT = torch.float64
 TOL = 1e-8

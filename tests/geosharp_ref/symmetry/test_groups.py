@@ -8,7 +8,6 @@ inserts composing on shared parameters, differentiability, the printed table.
 """
 from __future__ import annotations
 
-import logging
 
 import pytest
 import torch
@@ -19,9 +18,7 @@ from tests import cases
 from tests.cases import rel_error as _rel
 from tests.cases import forward as _run, params_of as _params, random_gl as _random_A, symmetry_case as build
 
-transformers = pytest.importorskip("transformers")
-logging.getLogger("transformers").setLevel(logging.ERROR)
-transformers.logging.set_verbosity_error()
+transformers = cases.quiet_transformers()
 
 DT = torch.float64
 TOL = 1e-8

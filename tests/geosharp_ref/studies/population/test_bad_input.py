@@ -1,0 +1,85 @@
+"""The population rows of the README's bad-input table (the others: tests/geosharp_ref/cli/test_bad_input.py):
+an empty population, a corrupt manifest, two evaluations of one directory at once, and a full disk while
+results are written. Each gives one line ``geosharp: error: …`` and exit code 2, and nothing already written
+is lost: a rerun completes the evaluation with exactly the uninterrupted run's results."""
+import errno
+import json
+import os
+
+import pytest
+
+from geosharp_ref.cli import main
+from geosharp_ref.io import durable
+from geosharp_ref.io.durable import exclusive_lock
+from tests import cases
+
+
+def _evaluate_argv(out):
+    return ["population", "evaluate", "--out", str(out), *cases.POPULATION_EVAL_ARGS]
+
+
+def _error_line(capsys, argv):
+    capsys.readouterr()
+    rc = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("geosharp: error: "), (rc, err)
+    return err[0]
+
+
+def test_empty_population(tmp_path, capsys):
+    assert "--models must be a positive integer" in _error_line(
+        capsys, ["population", "train", "--out", str(tmp_path / "p"), "--models", "0"])
+    assert not (tmp_path / "p").exists()
+    (tmp_path / "q").mkdir()
+    (tmp_path / "q" / "population.json").write_text(json.dumps({"plan": {}, "models": [], "complete": True}))
+    assert "has no models" in _error_line(capsys, _evaluate_argv(tmp_path / "q"))
+
+
+def test_corrupt_manifest(trained, tmp_path, capsys):
+    out = cases.copy_population(trained, tmp_path)
+    text = (out / "population.json").read_text()
+    (out / "population.json").write_text(text[: len(text) // 2])  # torn by hand
+    assert "not a valid population manifest (corrupt JSON" in _error_line(capsys, _evaluate_argv(out))
+    assert not (out / "results.jsonl").exists()
+
+
+def test_two_evaluations_at_once_are_refused(trained, tmp_path, capsys):
+    out = cases.copy_population(trained, tmp_path)
+    with exclusive_lock(out / ".evaluate.lock"):  # another process's evaluation holds the directory
+        line = _error_line(capsys, _evaluate_argv(out))
+    assert "another `geosharp population evaluate` is running" in line
+    assert not (out / "results.jsonl").exists()
+
+
+class _DiskFillsUp:
+    """``os`` for geosharp_ref.io.durable whose ``write`` runs out of space after ``lines`` complete writes,
+    writing half of the next one first (a torn line, as a real full disk leaves it)."""
+
+    def __init__(self, lines):
+        self.lines = lines
+
+    def write(self, fd, data):
+        if self.lines == 0:
+            os.write(fd, data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.lines -= 1
+        return os.write(fd, data)
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+
+def test_full_disk_loses_nothing_already_written(trained, reference, tmp_path, capsys, monkeypatch):
+    out = cases.copy_population(trained, tmp_path)
+    monkeypatch.setattr(durable, "os", _DiskFillsUp(lines=2))
+    line = _error_line(capsys, _evaluate_argv(out))
+    assert "No space left on device" in line
+    monkeypatch.undo()
+    kept = (out / "results.jsonl").read_bytes()
+    done = cases.jsonl(reference / "results.jsonl")
+    # the two lines written before the disk filled up are intact; the torn third is only a fragment
+    first_two = b"".join(json.dumps(r, sort_keys=True).encode() + b"\n" for r in done[:2])
+    assert kept.startswith(first_two) and len(kept) < len(first_two) + len(json.dumps(done[2]))
+    # space again: the rerun repairs the torn line, keeps the two, and ends as the uninterrupted run
+    assert main(_evaluate_argv(out)) == 0
+    assert (out / "results.jsonl").read_bytes() == (reference / "results.jsonl").read_bytes()
