@@ -4,13 +4,15 @@
     geosharp demo
     geosharp evaluate MODEL_DIR --data FILE --rho R --metric adaptive|inv|mix [options]
     geosharp verify MODEL_DIR [--data FILE] [--rho 0.05] [--scales 0.01,1,100] [--seed 0]
+    geosharp symmetries MODEL_DIR [--json OUT]
     geosharp data MODEL_DIR (--text FILE --text-column C --label-column L | --images DIR) --out FILE
     geosharp diagnet [--models 50] [--seed 0] [--out DIR]
     geosharp population train|evaluate|study|calibrate|import|correlate --out DIR [options]
 
-Each command module (:mod:`.derive`, :mod:`.demo`, :mod:`.evaluate`, :mod:`.verify`, :mod:`.data`,
-:mod:`.diagnet`, :mod:`.population`) parses nothing and prints its results; it is imported only when its command runs, so
-help and argument errors come without importing torch. Only ``derive`` imports the SymPy engine.
+Each command module (:mod:`.derive`, :mod:`.demo`, :mod:`.evaluate`, :mod:`.verify`,
+:mod:`.symmetries`, :mod:`.data`, :mod:`.diagnet`, :mod:`.population`) parses nothing and prints its
+results; it is imported only when its command runs, so help and argument errors come without importing
+torch. Only ``derive`` imports the SymPy engine.
 
 Errors: bad input (a missing file, an invalid value, a declaration the engine refuses, a full disk) prints
 one line ``geosharp: error: …`` on stderr and exits with code 2; ``verify`` exits with 1 when a check fails.

@@ -12,7 +12,7 @@ __all__ = ["build_parser", "COMMANDS", "DATA_FORMAT", "POPULATION_TASKS", "MEASU
 
 #: command (or ``population`` action) -> the module of this package that runs it (``run(args)``)
 COMMANDS = {"derive": "derive", "demo": "demo", "evaluate": "evaluate", "verify": "verify", "diagnet": "diagnet",
-            "population": "population", "data": "data"}
+            "population": "population", "data": "data", "symmetries": "symmetries"}
 
 # Kept in step with geosharp_ref.studies.population.tasks.TASKS and geosharp_ref.sharpness.measures.MEASURES
 # (tests check both); spelled out here so that building the parser imports neither.
@@ -129,6 +129,17 @@ def _add_verify(sub):
                    help="for a checkpoint without a classification head (BertModel, a sentence-transformers "
                         "folder, a ViT backbone): attach a seeded K-class head and fit it as a linear probe on the "
                         "data with the backbone frozen (accuracy printed and saved)")
+
+
+def _add_symmetries(sub):
+    p = sub.add_parser("symmetries", help="list the parameter symmetries found in a saved model: the GL(h) "
+                                          "pairs bound per layer and head, what was refused and why",
+                       description="The symmetry map of a local model: every GL(h) attention pair found (layer, "
+                                   "kind, heads, head dimension, block shapes), every pair refused with its "
+                                   "reason (rotary or relative positions, QK-norm, an unrecognised layout), and "
+                                   "the parameters left to the adaptive geometry.")
+    p.add_argument("model_dir", metavar="MODEL_DIR", help="local Hugging Face-format model directory")
+    p.add_argument("--json", metavar="OUT", help="also write the map as JSON (groups, refused, adaptive)")
 
 
 def _add_data(sub):
@@ -286,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The whole ``geosharp`` parser: one subparser per command (see :data:`COMMANDS`)."""
     parser = argparse.ArgumentParser(prog="geosharp", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_derive, _add_demo, _add_evaluate, _add_verify, _add_data, _add_diagnet, _add_population):
+    for add in (_add_derive, _add_demo, _add_evaluate, _add_verify, _add_symmetries, _add_data, _add_diagnet,
+                _add_population):
         add(sub)
     return parser

@@ -46,6 +46,14 @@ def where_suffix(where: dict) -> str:
     return "".join(f"-{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in sorted(where.items()))
 
 
+def _adaptive_counterpart(measure: str):
+    """The adaptive measure a geodesic one is compared with: ``adaptive`` (or ``adaptive-linearised`` for a
+    first-order measure); None for an adaptive measure."""
+    if not measure.startswith("geodesic-"):
+        return None
+    return "adaptive-linearised" if measure.endswith("-linearised") else "adaptive"
+
+
 def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = True, stream=None,
                          tag: str = "", where: dict | None = None) -> dict:
     """Kendall τ (with bootstrap CI) of each measure at each ρ against the gap; JSON, CSV, PNG, table.
@@ -92,11 +100,11 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
             rel = [recs[n].get("relative_size", {}).get(m, {}).get(grid[m][i]) for n in names]
             if all(r is not None for r in rel):
                 sizes.setdefault(row, {})[m] = float(np.median(rel))
-        if "adaptive" in measures:
-            for m in measures:
-                if m.startswith("geodesic-") and not m.endswith("-linearised"):
-                    paired.setdefault(row, {})[m] = paired_abs_tau_difference(
-                        column(m, i), column("adaptive", i), gap, n_boot=n_boot, seed=seed)
+        for m in measures:  # each geodesic measure against its adaptive counterpart, on the same resamples
+            base = _adaptive_counterpart(m)
+            if base in measures:
+                paired.setdefault(row, {})[m] = dict(vs=base, **paired_abs_tau_difference(
+                    column(m, i), column(base, i), gap, n_boot=n_boot, seed=seed))
     result = dict(models=len(names), missing=missing, bootstrap=n_boot, tau=table, evaluation=cfg,
                   gap=dict(min=float(gap.min()), max=float(gap.max()), mean=float(gap.mean())), where=where)
     if paired:
@@ -127,7 +135,7 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
             w.writerow(["row", "measure", "vs", "abs_tau_difference", "ci_low", "ci_high", "n"])
             for r, cells in paired.items():
                 for m, d in cells.items():
-                    w.writerow([r, m, "adaptive", d["difference"], d["ci"][0], d["ci"][1], d["n"]])
+                    w.writerow([r, m, d["vs"], d["difference"], d["ci"][0], d["ci"][1], d["n"]])
     if plot:
         plot_population_scatter(stem.with_suffix(".png"), names, recs, gap, cfg, table)
         result["plot"] = str(stem.with_suffix(".png"))
@@ -154,8 +162,8 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
                   file=stream)
     for r, cells in paired.items():
         for m, d in cells.items():
-            print(f"|τ({m})| − |τ(adaptive)| at {r}: {d['difference']:+.2f} [{d['ci'][0]:+.2f}, {d['ci'][1]:+.2f}]",
-                  file=stream)
+            print(f"|τ({m})| − |τ({d['vs']})| at {r}: {d['difference']:+.2f} [{d['ci'][0]:+.2f}, "
+                  f"{d['ci'][1]:+.2f}]", file=stream)
     written = [stem.with_suffix(".json"), stem.with_suffix(".csv"), stem.with_name(stem.name + "_tau.csv")]
     written += [stem.with_name(stem.name + "_paired.csv")] if paired else []
     written += [Path(result[k]) for k in ("plot", "plot_rho") if k in result]

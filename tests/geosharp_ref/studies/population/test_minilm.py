@@ -176,7 +176,10 @@ def test_correlation_reports_tau_paired_differences_and_sizes(recipes):
         xm = [recs[n]["values"]["geodesic-mix"][cfg["rho_grid"]["geodesic-mix"][i]] for n in names]
         want = paired_abs_tau_difference(xm, xa, gap, n_boot=200)
         got = result["paired_abs_tau_difference"][row]["geodesic-mix"]
+        assert got["vs"] == "adaptive"
         assert got["difference"] == pytest.approx(want["difference"], nan_ok=True)
+        assert result["paired_abs_tau_difference"][row]["geodesic-mix-linearised"]["vs"] == "adaptive-linearised"
+        assert "adaptive" not in result["paired_abs_tau_difference"][row]
         sizes = [recs[n]["relative_size"]["adaptive"][cfg["rho_grid"]["adaptive"][i]] for n in names]
         assert result["median_relative_size"][row]["adaptive"] == pytest.approx(float(np.median(sizes)))
     assert (out / "correlation_paired.csv").is_file() and (out / "correlation_rho.png").is_file()
