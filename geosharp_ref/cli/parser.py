@@ -100,12 +100,16 @@ def _add_evaluate(sub):
                    help="gradient in ξ: 'exact' differentiates through the ½γ̈ correction (default); "
                         "'perturbed' takes ∇L at the perturbed weights as in the paper's Algorithm 1 "
                         "(faster backward, geodesic only)")
+    _num_labels_option(p)
+    p.add_argument("--json", metavar="OUT", help="write the result (SharpnessResult.to_dict() plus model "
+                                                 "and data paths) as JSON; parent directories are created")
+
+
+def _num_labels_option(p):
     p.add_argument("--num-labels", type=int, metavar="K",
                    help="for a checkpoint without a classification head (BertModel, a sentence-transformers "
                         "folder, a ViT backbone): attach a seeded K-class head and fit it as a linear probe on the "
                         "data with the backbone frozen (accuracy printed and saved)")
-    p.add_argument("--json", metavar="OUT", help="write the result (SharpnessResult.to_dict() plus model "
-                                                 "and data paths) as JSON; parent directories are created")
 
 
 def _add_verify(sub):
@@ -125,10 +129,7 @@ def _add_verify(sub):
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--iters", type=int, default=5, metavar="K", help="Auto-PGD iterations (default 5)")
     p.add_argument("--batch-size", type=int, default=4, metavar="B", help="examples in the batch (default 4)")
-    p.add_argument("--num-labels", type=int, metavar="K",
-                   help="for a checkpoint without a classification head (BertModel, a sentence-transformers "
-                        "folder, a ViT backbone): attach a seeded K-class head and fit it as a linear probe on the "
-                        "data with the backbone frozen (accuracy printed and saved)")
+    _num_labels_option(p)
 
 
 def _add_symmetries(sub):

@@ -42,6 +42,7 @@ def test_tuned_allocator_reuses_memory_instead_of_faulting_it_in(count, mib):
     default, tuned = _faults("default", count, mib), _faults("tuned", count, mib)
     pages = 5 * count * mib * 1024 * 1024 // 4096  # what five cycles touch
     assert default > 0.5 * pages, default  # glibc's default: every cycle faults its memory in again
-    # tuned: the freed heap is reused; with 96 MiB blocks the heap may still grow once (a small
-    # allocation landing above the freed blocks): at most one of the five cycles' worth
-    assert tuned < (0.02 if mib < 32 else 0.25) * pages, tuned
+    # tuned: the freed heap is reused; with 96 MiB blocks the heap may still grow (a small allocation
+    # landing above the freed blocks): measured up to 1.33 of the five cycles' worth (98304 pages) while
+    # other jobs loaded the machine, so the bound is two cycles' worth; the default faults all five
+    assert tuned < (0.02 if mib < 32 else 0.4) * pages, tuned
