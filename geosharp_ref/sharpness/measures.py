@@ -21,6 +21,7 @@ import torch
 from ..apgd import apgd
 from ..symmetry import symmetry_map as build_symmetry_map
 from .loss import check_finite_batch, default_loss, model_loss, to_device
+from .factors import Factor, ProductSpace, gl_pair_factors
 from .space import PerturbationSpace
 
 __all__ = ["SharpnessResult", "relative_perturbation", "adaptive_sharpness", "geodesic_sharpness", "Measure", "MEASURES",
@@ -152,28 +153,56 @@ def relative_perturbation(params: dict, perturbed: dict, pair_params=()) -> dict
     return {k: math.sqrt(d2 / p2) for k, (d2, p2) in sums.items() if p2 > 0}
 
 
-def _model_space(model, batches, rho, dtype, smap, **space_options):
+def _as_factor(symmetry, eps):
+    """A :class:`Factor` as given, or one built from a binding that names its ``kernels``."""
+    if isinstance(symmetry, Factor):
+        return symmetry
+    if not hasattr(symmetry, "kernels"):
+        raise ValueError(f"{symmetry!r} is neither a Factor nor a binding with a `kernels` attribute (e.g. "
+                         f"geosharp_ref.symmetry.ReLUUnitsBinding)")
+    return Factor(symmetry.kernels, symmetry, eps)
+
+
+def _model_space(model, batches, rho, dtype, smap, symmetries=None, **space_options):
     """Checked inputs, the model in the evaluation dtype and its perturbation space (the pairs of ``smap``,
-    the rest adaptive; ``smap`` None: adaptive everywhere)."""
+    the rest adaptive; ``smap`` None: adaptive everywhere). With ``symmetries`` (a list of factors or
+    bindings, possibly empty) the space is the generic :class:`ProductSpace`: the pairs of ``smap`` as
+    ``gl_<metric>`` factors, then the given ones, the rest adaptive."""
     params, batches, _, dtype = prepare_inputs(model, batches, rho, dtype)
     if dtype != next(model.parameters()).dtype:
         model = copy.deepcopy(model).to(dtype)
     groups, masks = ((), None) if smap is None else (smap.groups, smap.adaptive_masks)
-    return model, params, batches, dtype, groups, PerturbationSpace(params, groups, masks, **space_options)
+    if symmetries is None:
+        return model, params, batches, dtype, groups, PerturbationSpace(params, groups, masks, **space_options)
+    unsupported = {k: v for k, v in space_options.items()
+                   if (k, v) in (("metric_norm", False), ("gradient", "perturbed"))}
+    if unsupported:
+        raise ValueError(f"the generic path (symmetries=…) does not offer {unsupported} yet; drop the option or "
+                         f"the symmetries")
+    eps, metric = space_options.get("eps", 0.0), space_options.get("metric")
+    extra = [_as_factor(sym, eps) for sym in symmetries]
+    factors = (gl_pair_factors(groups, metric, eps) if metric else []) + extra
+    covered = {n for f in extra for n in f.binding.param_names}
+    masks = {n: m for n, m in (masks or {n: None for n in params}).items() if n not in covered}
+    space = ProductSpace(params, factors, masks, geodesic_correction=space_options.get("geodesic_correction", True),
+                         adaptive_offset=space_options.get("adaptive_offset", 0.0),
+                         exclude=space_options.get("exclude", ()))
+    return model, params, batches, dtype, groups, space
 
 
 def _evaluate(model, measure, batches, rho, *, metric=None, smap=None, n_iter=20, loss_fn=default_loss,
               eps=0.0, geodesic_correction=True, metric_norm=True, gradient="exact", random_start=False, seed=0,
-              dtype=None, exclude=(), adaptive_offset=0.0, progress=False, keep_trajectories=False):
+              dtype=None, exclude=(), adaptive_offset=0.0, progress=False, keep_trajectories=False, symmetries=None):
     t0 = time.perf_counter()
     model, params, batches, dtype, groups, space = _model_space(
-        model, batches, rho, dtype, smap, metric=metric, eps=eps, geodesic_correction=geodesic_correction,
+        model, batches, rho, dtype, smap, symmetries, metric=metric, eps=eps, geodesic_correction=geodesic_correction,
         metric_norm=metric_norm, gradient=gradient, adaptive_offset=adaptive_offset, exclude=exclude)
     was_training = model.training
     model.eval()
     gen = torch.Generator().manual_seed(seed)
     per, before, after, norms, trajs, sizes, size_groups = [], [], [], [], [], [], []
-    pair_params = {n for g in groups for n in g.param_names}
+    pair_params = {n for g in groups for n in g.param_names} | (
+        {n for f in space.factors for n in f.binding.param_names} if isinstance(space, ProductSpace) else set())
     try:
         with torch.no_grad():  # L(θ) of every batch first: bad targets are refused before any progress bar
             losses = [float(model_loss(model, params, batch, loss_fn)) for batch in batches]
@@ -202,7 +231,8 @@ def _evaluate(model, measure, batches, rho, *, metric=None, smap=None, n_iter=20
     config = dict(metric=metric, n_iter=n_iter, eps=eps, geodesic_correction=geodesic_correction, gradient=gradient,
                   metric_norm=metric_norm, random_start=random_start, seed=seed, dtype=str(dtype),
                   pairs=len(groups), heads=sum(g.num_heads for g in groups),
-                  adaptive_params=len(space.adaptive_names))
+                  adaptive_params=len(space.adaptive_names),
+                  factors=[f.binding.key for f in space.factors] if isinstance(space, ProductSpace) else None)
     return SharpnessResult(measure=measure, rho=float(rho), mean=sum(per) / len(per), per_batch=per,
                            loss_before=before, loss_after=after, perturbation_norms=norms,
                            seconds=time.perf_counter() - t0, config=config, trajectories=trajs,
@@ -261,21 +291,27 @@ def adaptive_sharpness(model, batches, rho, *, n_iter=20, loss_fn=default_loss, 
 def geodesic_sharpness(model, batches, rho, *, metric="mix", n_iter=20, loss_fn=default_loss,
                        eps=0.0, geodesic_correction=True, metric_norm=True, gradient="exact", symmetry_map=None,
                        exclude=(), random_start=False, seed=0, dtype=None, progress=False,
-                       keep_trajectories=False) -> SharpnessResult:
+                       keep_trajectories=False, symmetries=None) -> SharpnessResult:
     """Geodesic sharpness on the quotient by the attention GL(h) symmetries (paper Algorithm 1).
 
     ``symmetry_map`` defaults to :func:`geosharp_ref.symmetry.symmetry_map` of the model; a model
-    with no recognised attention falls back to adaptive sharpness everywhere (with a warning)."""
+    with no recognised attention falls back to adaptive sharpness everywhere (with a warning).
+
+    ``symmetries``: further symmetries to quotient, a list of :class:`~geosharp_ref.sharpness.factors.Factor`
+    or bindings (:mod:`geosharp_ref.symmetry.bindings`); the evaluation then runs the generic
+    :class:`~geosharp_ref.sharpness.factors.ProductSpace` (attention pairs as ``gl_<metric>`` factors, the
+    given factors, the rest adaptive). None (default): the attention pairs on the GL fast path."""
     if metric not in ("inv", "mix"):
         raise ValueError(f"unknown metric {metric!r}; choose 'inv' or 'mix'")
     smap = symmetry_map if symmetry_map is not None else build_symmetry_map(model)
-    if not smap.groups:
+    if not smap.groups and not symmetries:
         warnings.warn("no GL(h) attention pairs found: geodesic sharpness equals adaptive sharpness here",
                       stacklevel=2)
     return _evaluate(model, f"geodesic-{metric}", batches, rho, metric=metric, smap=smap, n_iter=n_iter,
                      loss_fn=loss_fn, eps=eps, geodesic_correction=geodesic_correction, gradient=gradient,
                      metric_norm=metric_norm, random_start=random_start, seed=seed, dtype=dtype,
-                     exclude=exclude, progress=progress, keep_trajectories=keep_trajectories)
+                     exclude=exclude, progress=progress, keep_trajectories=keep_trajectories,
+                     symmetries=symmetries)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from geosharp_ref.apgd import apgd
 from geosharp_ref.sharpness.factors import Factor, ProductSpace, gl_pair_factors
 from geosharp_ref.sharpness.loss import model_loss
-from geosharp_ref.sharpness.measures import adaptive_sharpness
+from geosharp_ref.sharpness.measures import adaptive_sharpness, geodesic_sharpness
 from geosharp_ref.symmetry import symmetry_map
 from geosharp_ref.symmetry.bindings import HeadTranslationBinding, ReLUUnitsBinding, check_binding
 from geosharp_ref.verification.orbits import model_with_params
@@ -123,3 +123,36 @@ def test_sharpness_on_the_relu_quotient_is_invariant(log10_scale, seed):
 
     s0, s1 = sharp(model), sharp(moved)
     assert s0 > 0 and abs(s1 - s0) <= 1e-8 * abs(s0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The public entry point: geodesic_sharpness(..., symmetries=[...])
+# ---------------------------------------------------------------------------------------------
+
+def test_entry_point_generic_path_equals_fast_path_without_extra_symmetries(bert):
+    model, batch = bert
+    fast = geodesic_sharpness(model, [batch], 0.05, metric="inv", n_iter=4)
+    generic = geodesic_sharpness(model, [batch], 0.05, metric="inv", n_iter=4, symmetries=[])
+    assert generic.mean == pytest.approx(fast.mean, rel=1e-8)
+    assert generic.relative_size == pytest.approx(fast.relative_size, rel=1e-6)
+    assert fast.config["factors"] is None and len(generic.config["factors"]) == len(symmetry_map(model).groups)
+
+
+def test_entry_point_with_head_translation_is_invariant_and_reports_its_factor(bert):
+    model, batch = bert
+    smap = symmetry_map(model)
+    b = HeadTranslationBinding("classifier.weight", "classifier.bias")
+    params = cases.params_of(model)
+    moved = smap.act(params, draw_orbit_elements(smap, 100.0, torch.Generator().manual_seed(3)))
+    moved = model_with_params(model, b.act(moved, _elements(b, params, (100.0,), seed=4)[0]))
+    r0 = geodesic_sharpness(model, [batch], 0.05, metric="mix", n_iter=4, symmetries=[b])
+    r1 = geodesic_sharpness(moved, [batch], 0.05, metric="mix", n_iter=4, symmetries=[b])
+    assert r0.mean > 0 and r1.mean == pytest.approx(r0.mean, rel=1e-8)
+    assert r0.config["factors"][-1] == "classifier.weight:translation"
+    assert r0.mean == pytest.approx(_geodesic(model, smap, b, batch, n_iter=4), rel=1e-10)  # = the space run by hand
+
+
+def test_entry_point_refuses_options_the_generic_path_lacks(bert):
+    model, batch = bert
+    with pytest.raises(ValueError, match="generic path .* does not offer"):
+        geodesic_sharpness(model, [batch], 0.05, metric_norm=False, symmetries=[])
