@@ -17,6 +17,10 @@ the model, used by :func:`check_binding`).
   GL(1) pair, G_j = [W₁[j, :], b₁[j]]ᵀ ∈ R^{(d+1)×1}, H_j = W₂[:, j] ∈ R^{d_out×1}, so the built-in
   ``gl_inv`` / ``gl_mix`` kernels with h = 1, batched over the units, are its quotient geometry (the
   positive scalars are the identity component of GL(1)).
+* :class:`LoRABinding` — a LoRA adapter ΔW = s·B A (peft's ``lora_B`` (d_out × r) and ``lora_A`` (r × d_in),
+  scaling s) depends on (B, A) only through B A, so (B R, R⁻¹ A), R ∈ GL(r), leaves the model unchanged:
+  a GL(r) pair G = B, H = Aᵀ, with ``gl_inv`` / ``gl_mix`` or any metric declared for ``gl_pair`` in a spec
+  file (``examples/lora_spec.py``). :func:`lora_bindings` finds every adapter of a peft model.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from typing import Optional
 import torch
 from torch.func import functional_call
 
-__all__ = ["HeadTranslationBinding", "ReLUUnitsBinding", "check_binding"]
+__all__ = ["HeadTranslationBinding", "ReLUUnitsBinding", "LoRABinding", "lora_bindings", "check_binding"]
 
 
 class HeadTranslationBinding:
@@ -115,3 +119,39 @@ class ReLUUnitsBinding:
         """Unit j scaled by a_j > 0: incoming row times a_j, outgoing column divided by a_j."""
         G, H = self.extract(params)
         return self.insert(params, (G * a[:, None, None], H / a[:, None, None]))
+
+
+class LoRABinding:
+    """One LoRA adapter as a GL(r) pair: G = ``lora_B`` (d_out, r), H = ``lora_A``ᵀ (d_in, r), batch of one."""
+
+    def __init__(self, a_weight: str, b_weight: str, kernels="gl_mix"):
+        self.a_weight, self.b_weight, self.kernels = a_weight, b_weight, kernels
+        self.key = f"{b_weight.rsplit('.lora_B', 1)[0]}:lora"
+        self.param_names = (b_weight, a_weight)
+
+    def extract(self, params) -> tuple:
+        return params[self.b_weight][None], params[self.a_weight].mT[None]  # (1, d_out, r), (1, d_in, r)
+
+    def insert(self, params, blocks) -> dict:
+        G, H = blocks
+        out = dict(params)
+        out[self.b_weight], out[self.a_weight] = G[0], H[0].mT
+        return out
+
+    def act(self, params, R) -> dict:
+        """(B R, R⁻¹ A) for R (r, r) invertible."""
+        G, H = self.extract(params)
+        return self.insert(params, (G @ R, H @ torch.linalg.inv(R).mT))
+
+
+def lora_bindings(model, kernels="gl_mix") -> list:
+    """A :class:`LoRABinding` for every ``lora_A.<adapter>.weight`` / ``lora_B.<adapter>.weight`` pair of the
+    model's parameters (peft's LoRA layers), in parameter order."""
+    names = [n for n, _ in model.named_parameters()]
+    found = []
+    for n in names:
+        if ".lora_A." in n and n.endswith(".weight"):
+            b = n.replace(".lora_A.", ".lora_B.")
+            if b in names:
+                found.append(LoRABinding(n, b, kernels))
+    return found

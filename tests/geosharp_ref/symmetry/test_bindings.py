@@ -12,7 +12,8 @@ from geosharp_ref.sharpness.factors import Factor, ProductSpace, gl_pair_factors
 from geosharp_ref.sharpness.loss import model_loss
 from geosharp_ref.sharpness.measures import adaptive_sharpness, geodesic_sharpness
 from geosharp_ref.symmetry import symmetry_map
-from geosharp_ref.symmetry.bindings import HeadTranslationBinding, ReLUUnitsBinding, check_binding
+from geosharp_ref.symmetry.bindings import (HeadTranslationBinding, ReLUUnitsBinding, check_binding,
+                                             lora_bindings)
 from geosharp_ref.verification.orbits import model_with_params
 from geosharp_ref.verification.sampling import draw_orbit_elements
 from tests import cases
@@ -156,3 +157,59 @@ def test_entry_point_refuses_options_the_generic_path_lacks(bert):
     model, batch = bert
     with pytest.raises(ValueError, match="generic path .* does not offer"):
         geodesic_sharpness(model, [batch], 0.05, metric_norm=False, symmetries=[])
+
+
+# ---------------------------------------------------------------------------------------------
+# LoRA adapters (peft): a GL(r) pair per adapter
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def lora_bert():
+    """A tiny BERT with peft LoRA (r = 2) on query and value, B made non-zero (as after training)."""
+    peft = pytest.importorskip("peft")
+    torch.manual_seed(0)
+    model = peft.get_peft_model(cases.bert(initializer_range=cases.IR),
+                                peft.LoraConfig(r=2, lora_alpha=4, target_modules=["query", "value"]))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0.0, 0.5)
+    model = model.to(torch.float64).eval()
+    batch = ({"input_ids": torch.randint(3, 50, (4, 7), generator=torch.Generator().manual_seed(1))},
+             torch.tensor([0, 1, 2, 1]))
+    return model, batch
+
+
+def _gl(r, n, scale, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [scale * (torch.eye(r, dtype=torch.float64) + 0.3 * torch.randn(r, r, generator=g, dtype=torch.float64))
+            for _ in range(n)]
+
+
+def test_lora_adapters_are_found_and_are_a_symmetry(lora_bert):
+    model, batch = lora_bert
+    found = lora_bindings(model)
+    assert len(found) == 4 and all(b.param_names[0].endswith("lora_B.default.weight") for b in found)
+    for b, R in zip(found, _gl(2, 4, 10.0, 0)):
+        assert check_binding(model, b, batch, lambda o: o.logits, [R, 1e-2 * R]) < 1e-12
+
+
+@pytest.mark.parametrize("metric", ["inv", "mix"])
+def test_sharpness_on_the_lora_quotient_is_invariant(lora_bert, metric):
+    """LoRA GL(r) quotiented (the attention pairs left out: their base weights are wrapped by the adapters)."""
+    model, batch = lora_bert
+    found = lora_bindings(model, kernels=f"gl_{metric}")
+    params = cases.params_of(model)
+    moved = params
+    for b, R in zip(found, _gl(2, 4, 100.0, 1)):
+        moved = b.act(moved, R)
+    m2 = model_with_params(model, moved)
+
+    def sharp(m):
+        p = cases.params_of(m)
+        space = ProductSpace(p, [Factor(b.kernels, b) for b in found])
+        res = apgd(space.value_and_grad(lambda q: model_loss(m, q, batch)), space, 0.05, n_iter=4)
+        return res.best_value - float(model_loss(m, p, batch))
+
+    s0, s1 = sharp(model), sharp(m2)
+    assert s0 > 0 and abs(s1 - s0) <= 1e-8 * abs(s0)
