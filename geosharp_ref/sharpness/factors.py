@@ -111,6 +111,8 @@ class ProductSpace:
             m = adaptive_masks[n]
             scales.append(c if m is None else c * m.to(c.dtype))
         self.scales = scales
+        # the adaptive metric's weight 1/c² (0 on immovable coordinates), once per base point
+        self._inv_scale2 = [torch.where(c > 0, c, torch.inf).square().reciprocal() for c in scales]
 
     # -- vectors ------------------------------------------------------------------------------------
     def _split(self, xi):
@@ -146,8 +148,7 @@ class ProductSpace:
         total = 0.0
         for f, point, a, b in zip(self.factors, self.points, px, pe):
             total = total + f.inner(point, a, b)
-        for c, x, e in zip(self.scales, ax, ae):
-            w = torch.where(c > 0, c, torch.inf).square().reciprocal()
+        for w, x, e in zip(self._inv_scale2, ax, ae):
             total = total + (x * w * e).sum()
         return torch.as_tensor(total)
 
