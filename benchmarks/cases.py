@@ -2,7 +2,9 @@
 per case, each returning the raw results (a dict) that :func:`benchmarks.report.render` turns into text.
 
 1. :func:`case_iteration` — one Auto-PGD iteration on BERT-base / ViT-B-sized random models
-   (:func:`make_model`, :func:`iteration_setup`);
+   (:func:`make_model`, :func:`iteration_setup`), on the GL fast path and on the generic path
+   (``geodesic_sharpness(..., symmetries=[...])``: attention pairs alone, and with every applicable
+   symmetry, :func:`all_symmetries`);
 2. :func:`case_geometry` — geometry alone for 288 GL(h) pairs: batched torch vs a scipy loop, vs mix;
 3. :func:`case_kernels` — generated kernels vs hand-written torch of the same formulas;
 4. :func:`case_derive` — cold derivation + code generation of all built-ins (subprocess);
@@ -71,12 +73,45 @@ def make_model(kind: str, quick: bool, batch: int, seed: int = 0, vit_patch: int
 # case 1: one Auto-PGD iteration
 # ------------------------------------------------------------------------------------------------
 
+def all_symmetries(model, batch) -> list:
+    """The symmetries beyond the attention pairs that the library finds and binds for ``model``
+    (:func:`geosharp_ref.symmetry.find_symmetries`, checked on the first two examples of ``batch``): what
+    ``geodesic_sharpness(..., symmetries="all")`` quotients. BERT-base and ViT-B: the head's softmax
+    translation (GELU MLPs have no unit rescaling; eps > 0 refuses norm scaling)."""
+    from geosharp_ref.symmetry import find_symmetries
+
+    inputs, targets = batch
+    small = ({k: v[:2] for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[:2], targets[:2])
+    return find_symmetries(model, small).bindings
+
+
+#: the measures of case 1: adaptive, the GL fast path (``geodesic-<metric>``, ``-perturbed``: the paper's
+#: gradient at the perturbed weights), and the generic ProductSpace path of ``geodesic_sharpness(...,
+#: symmetries=...)``: ``generic-mix`` with ``symmetries=[]`` (the attention pairs as ``gl_mix`` factors),
+#: ``generic-mix-all`` with ``symmetries=all_symmetries(model, batch)`` (every applicable symmetry quotiented)
+ITERATION_MEASURES = ("adaptive", "geodesic-mix", "geodesic-inv", "geodesic-mix-perturbed", "generic-mix",
+                      "generic-mix-all")
+#: the per-iteration cost targets of case 1 (ratio to adaptive in the same run)
+ITERATION_TARGETS = {"geodesic-mix": 1.10, "geodesic-inv": 1.25, "geodesic-mix-perturbed": 1.10,
+                     "generic-mix": 1.5, "generic-mix-all": 1.5}
+
+
 def iteration_setup(model, batch, measure, rho=0.05, seed=0):
     """(space, f_and_grad, x, g) exactly as ``geosharp_ref.sharpness.measures._evaluate`` builds them."""
     from geosharp_ref.sharpness import PerturbationSpace, default_loss, model_loss
-    from geosharp_ref.sharpness.measures import prepare_inputs
+    from geosharp_ref.sharpness.measures import generic_space, prepare_inputs
     from geosharp_ref.symmetry import symmetry_map
 
+    if measure.startswith("generic-"):  # geodesic_sharpness(..., metric, symmetries=[...]): the ProductSpace
+        metric = measure.split("-")[1]
+        symmetries = all_symmetries(model, batch) if measure.endswith("-all") else []
+        params, batches, _, _ = prepare_inputs(model, [batch], rho, None)
+        space = generic_space(params, symmetry_map(model), metric, symmetries)
+        batch = batches[0]
+        f_and_grad = space.value_and_grad(lambda params: model_loss(model, params, batch, default_loss))
+        gen = torch.Generator().manual_seed(seed)
+        x = space.project(space.random(rho, gen), rho)
+        return space, f_and_grad, x, rho
     params, batches, device, dtype = prepare_inputs(model, [batch], rho, None)
     batch = batches[0]
     groups, masks, metric = (), None, None
@@ -115,19 +150,30 @@ def _one_iteration(state, split):
 ITERATION_WARMUP = 4
 
 
-def case_iteration(quick: bool, device, reps: int) -> dict:
+def case_iteration(quick: bool, device, reps: int, kinds=("bert", "vit"), measures=ITERATION_MEASURES) -> dict:
+    """One Auto-PGD iteration of every measure in ``measures`` (adaptive first) on each model of ``kinds``,
+    timed in one interleaved loop; ratios to adaptive per repetition. A subset (e.g. BERT-base only, or
+    without the fast-path rows) is a call with other ``kinds`` / ``measures``; the report leaves out what
+    was not measured."""
+    measures = list(measures)
+    assert measures[0] == "adaptive", "ratios are taken to adaptive, measured in the same loop"
+    #: result key of each ratio (the report's columns): mix, inv, mix_perturbed, generic, generic_all
+    keys = {m: k for m, k in (("geodesic-mix", "mix"), ("geodesic-inv", "inv"),
+                              ("geodesic-mix-perturbed", "mix_perturbed"), ("generic-mix", "generic"),
+                              ("generic-mix-all", "generic_all")) if m in measures}
     out = {}
-    measures = ["adaptive", "geodesic-mix", "geodesic-inv", "geodesic-mix-perturbed"]
-    for kind in ("bert", "vit"):
+    for kind in kinds:
         model, batch = make_model(kind, quick, batch=8 if not quick else 2)
         model = model.to(device)
         batch = ({k: v.to(device) for k, v in batch[0].items()}, batch[1].to(device))
-        states, splits = {}, {}
+        states, splits, factors = {}, {}, {}
         for m in measures:
             space, fg, x, rho = iteration_setup(model, batch, m)
             _, g = fg(x)
             states[m] = [space, fg, x, rho, g, space.inner(x, x)]
             splits[m] = []
+            if hasattr(space, "factors"):  # the generic path: which factors it quotients
+                factors[m] = [f.binding.key for f in space.factors]
         fns = {m: (lambda m=m: _one_iteration(states[m], splits[m])) for m in measures}
         # untimed iterations first, as the start of any Auto-PGD run: until the heap has grown to its
         # steady size, an iteration page-faults hundreds of MB in (about 1 s of system time on BERT-base)
@@ -144,15 +190,15 @@ def case_iteration(quick: bool, device, reps: int) -> dict:
             times={m: times[m] for m in measures},
             geometry={m: geo[m] for m in measures},
             flops=flops,
-            mix=ratio_stats(times["geodesic-mix"], times["adaptive"]),
-            inv=ratio_stats(times["geodesic-inv"], times["adaptive"]),
-            mix_perturbed=ratio_stats(times["geodesic-mix-perturbed"], times["adaptive"]),
+            **{k: ratio_stats(times[m], times["adaptive"]) for m, k in keys.items()},
             cpu_times=cpu,
             page_faults=faults,
             warmup=warmup,
-            cpu={k: ratio_stats(cpu[m], cpu["adaptive"]) for k, m in
-                 (("mix", "geodesic-mix"), ("inv", "geodesic-inv"), ("mix_perturbed", "geodesic-mix-perturbed"))},
+            cpu={k: ratio_stats(cpu[m], cpu["adaptive"]) for m, k in keys.items()},
+            factors=factors,
         )
+        if "generic-mix" in measures and "geodesic-mix" in measures:  # the generic path vs the fast path
+            out[kind]["generic_over_mix"] = ratio_stats(times["generic-mix"], times["geodesic-mix"])
         del states, model
     return out
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 
-from benchmarks.cases import MODEL_NAMES
+from benchmarks.cases import ITERATION_TARGETS, MODEL_NAMES
 
 
 def fmt_ratio(s: dict) -> str:
@@ -16,14 +16,25 @@ def fmt_ratio(s: dict) -> str:
 def _fmt_faults(faults):
     if not faults:
         return "—"
-    return " / ".join(f"{statistics.median(faults[m]):.0f}" for m in ("adaptive", "geodesic-mix", "geodesic-inv"))
+    return " / ".join(f"{statistics.median(faults[m]):.0f}" if m in faults else "—"
+                      for m in ("adaptive", "geodesic-mix", "geodesic-inv"))
 
 
 def _fmt_flops(f) -> str:
     if not f:
         return "—"
-    a, m, i = (f[k] for k in ("adaptive", "geodesic-mix", "geodesic-inv"))
-    return f"{a / 1e9:.4g} / {m / 1e9:.4g} / {i / 1e9:.4g} ({m / a:.3f}, {i / a:.3f})"
+    a, m, i = (f.get(k) for k in ("adaptive", "geodesic-mix", "geodesic-inv"))
+    g, r = (lambda x: "—" if x is None else f"{x / 1e9:.4g}"), (lambda x: "—" if x is None else f"{x / a:.3f}")
+    return f"{g(a)} / {g(m)} / {g(i)} ({r(m)}, {r(i)})"
+
+
+def _ratio_cells(r: dict, key: str, target: float) -> str:
+    """Per-repetition ratio | best-of | by CPU time, each with its verdict ("—" where not measured)."""
+    if key not in r:
+        return "— | — | —"
+    return (f"{fmt_ratio(r[key])} {verdict(r[key]['median'], target)} | "
+            f"{r[key]['best']:.3f} {verdict(r[key]['best'], target)} | "
+            f"{fmt_ratio(r['cpu'][key])} {verdict(r['cpu'][key]['median'], target)}")
 
 
 def fmt_t(ts: list) -> str:
@@ -34,6 +45,44 @@ def fmt_t(ts: list) -> str:
 def verdict(value: float, target: float, smaller_is_better: bool = True) -> str:
     ok = value <= target if smaller_is_better else value >= target
     return "met" if ok else "**missed**"
+
+
+def _generic_rows(iteration: dict) -> list:
+    """The price of generality: the generic ProductSpace path of ``geodesic_sharpness(..., symmetries=…)``
+    (attention pairs alone, then every applicable symmetry) per Auto-PGD iteration, as ratios to adaptive
+    measured in the same interleaved loop as the fast-path rows."""
+    tg, ta = ITERATION_TARGETS["generic-mix"], ITERATION_TARGETS["generic-mix-all"]
+    L = ["The generic path (`geodesic_sharpness(..., metric=\"mix\", symmetries=[...])`: `ProductSpace`, a sum "
+         "over generated-kernel factors plus the adaptive rest), measured in the same loop: the attention "
+         "pairs alone as `gl_mix` factors (`symmetries=[]`), and every applicable symmetry quotiented (the "
+         "pairs plus `all_symmetries(model, batch)` of `benchmarks/cases.py`, listed under the model):",
+         "",
+         f"| model | generic, attention pairs | generic/adaptive (≤ {tg:g}) | best-of | by CPU time | "
+         f"generic/fast-path mix | generic, every symmetry | all/adaptive (≤ {ta:g}) | best-of | by CPU time | "
+         "geometry-step time a / mix / generic / all | matmul GFLOP generic / all (ratios to adaptive) |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for kind, r in iteration.items():
+        t, gm, f = r["times"], r["geometry"], r.get("flops") or {}
+        extra = [k for k in r.get("factors", {}).get("generic-mix-all", [])
+                 if k not in r.get("factors", {}).get("generic-mix", [])]
+        name = MODEL_NAMES[kind] + (f" (+ {', '.join(extra)})" if extra else "")
+        cells = [name]
+        for m, k, target in (("generic-mix", "generic", tg), ("generic-mix-all", "generic_all", ta)):
+            if k not in r:
+                cells += ["—"] * (5 if k == "generic" else 4)
+                continue
+            cells += [fmt_t(t[m]), f"{fmt_ratio(r[k])} {verdict(r[k]['median'], target)}",
+                      f"{r[k]['best']:.3f} {verdict(r[k]['best'], target)}",
+                      f"{fmt_ratio(r['cpu'][k])} {verdict(r['cpu'][k]['median'], target)}"]
+            if k == "generic":
+                cells.append(fmt_ratio(r["generic_over_mix"]) if "generic_over_mix" in r else "—")
+        cells.append(" / ".join(fmt_t(gm[m]) if m in gm else "—"
+                                for m in ("adaptive", "geodesic-mix", "generic-mix", "generic-mix-all")))
+        cells.append(" / ".join(f"{f[m] / 1e9:.4g} ({f[m] / f['adaptive']:.3f})" if m in f and f.get("adaptive")
+                                else "—" for m in ("generic-mix", "generic-mix-all")))
+        L.append("| " + " | ".join(cells) + " |")
+    L.append("")
+    return L
 
 
 def render(info: dict, res: dict, quick: bool, elapsed: float) -> str:
@@ -50,23 +99,21 @@ def render(info: dict, res: dict, quick: bool, elapsed: float) -> str:
     if "iteration" in res:
         L.append("## 1. One Auto-PGD iteration (geometry steps + forward/backward), random weights")
         L.append("")
-        L.append("| model | params | adaptive | geodesic-mix | geodesic-inv | mix/adaptive (≤ 1.10) | "
-                 "mix, best-of | mix, by CPU time | inv/adaptive (≤ 1.25) | inv, best-of | inv, by CPU time | "
+        L.append("| model | params | adaptive | geodesic-mix | geodesic-inv | "
+                 f"mix/adaptive (≤ {ITERATION_TARGETS['geodesic-mix']:.2f}) | mix, best-of | mix, by CPU time | "
+                 f"inv/adaptive (≤ {ITERATION_TARGETS['geodesic-inv']:.2f}) | inv, best-of | inv, by CPU time | "
                  "geometry-step time a / mix / inv | matmul GFLOP a / mix / inv (ratios) | "
                  "page faults per iteration a / mix / inv |")
         L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-        for kind, r in res["iteration"].items():
+        for kind, r in res["iteration"].items():  # "—": a measure left out of a run of a subset
             name = MODEL_NAMES[kind]
             t, gm = r["times"], r["geometry"]
-            L.append(f"| {name} | {r['params'] / 1e6:.1f} M | {fmt_t(t['adaptive'])} | "
-                     f"{fmt_t(t['geodesic-mix'])} | {fmt_t(t['geodesic-inv'])} | "
-                     f"{fmt_ratio(r['mix'])} {verdict(r['mix']['median'], 1.10)} | "
-                     f"{r['mix']['best']:.3f} {verdict(r['mix']['best'], 1.10)} | "
-                     f"{fmt_ratio(r['cpu']['mix'])} {verdict(r['cpu']['mix']['median'], 1.10)} | "
-                     f"{fmt_ratio(r['inv'])} {verdict(r['inv']['median'], 1.25)} | "
-                     f"{r['inv']['best']:.3f} {verdict(r['inv']['best'], 1.25)} | "
-                     f"{fmt_ratio(r['cpu']['inv'])} {verdict(r['cpu']['inv']['median'], 1.25)} | "
-                     f"{fmt_t(gm['adaptive'])} / {fmt_t(gm['geodesic-mix'])} / {fmt_t(gm['geodesic-inv'])} | "
+            tm = {m: fmt_t(t[m]) if m in t else "—" for m in ("adaptive", "geodesic-mix", "geodesic-inv")}
+            gt = " / ".join(fmt_t(gm[m]) if m in gm else "—" for m in ("adaptive", "geodesic-mix", "geodesic-inv"))
+            L.append(f"| {name} | {r['params'] / 1e6:.1f} M | {tm['adaptive']} | "
+                     f"{tm['geodesic-mix']} | {tm['geodesic-inv']} | "
+                     f"{_ratio_cells(r, 'mix', ITERATION_TARGETS['geodesic-mix'])} | "
+                     f"{_ratio_cells(r, 'inv', ITERATION_TARGETS['geodesic-inv'])} | {gt} | "
                      + _fmt_flops(r.get("flops")) + " | " + _fmt_faults(r.get("page_faults")) + " |")
         L.append("")
         L.append("With the gradient at the perturbed weights (`gradient=\"perturbed\"`, the paper's Algorithm 1: "
@@ -87,6 +134,8 @@ def render(info: dict, res: dict, quick: bool, elapsed: float) -> str:
                      f"{r['mix_perturbed']['best']:.3f} {verdict(r['mix_perturbed']['best'], 1.10)} | "
                      f"{fmt_ratio(r['cpu']['mix_perturbed'])} | {fl} |")
         L.append("")
+        if any("generic" in r or "generic_all" in r for r in res["iteration"].values()):
+            L += _generic_rows(res["iteration"])
         L.append("Times: medians over the repetitions. Ratios: median [min–max] of the per-repetition "
                  "ratios; best-of: ratio of the minimum times (other tenants of a shared machine only add "
                  "time, so this estimates the ratio of the intrinsic costs); by CPU time: the same per-repetition ratios of the process's CPU time (time the process waited while other tenants ran is not counted; slowdowns from shared caches and memory bandwidth are). Matmul GFLOP: the matrix products of one "

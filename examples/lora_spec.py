@@ -17,3 +17,14 @@ B, At = lora.blocks
 hybrid = Trace(Inverse(B.T * B) * xi_B.T * eta_B) + Trace(B.T * B * xi_At.T * eta_At)
 
 SPEC = {"lora_hybrid": Metric(lora, hybrid, "hybrid")}
+
+# Which parameters of a model form the blocks B and At: every peft LoRA adapter ("default") of the model.
+# `{adapter}` matches the module path in front; lora_A (r × d_in) is transposed to At (d_in × r). Used by
+#     geosharp evaluate MODEL_DIR --spec examples/lora_spec.py --metric lora_hybrid ...
+#     geosharp verify   MODEL_DIR --spec examples/lora_spec.py --metric lora_hybrid
+BINDINGS = {
+    "lora_hybrid": [{
+        "B": "{adapter}.lora_B.default.weight",
+        "At": {"param": "{adapter}.lora_A.default.weight", "transpose": True},
+    }],
+}

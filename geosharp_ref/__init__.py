@@ -7,10 +7,11 @@ core (the mathematics, as it reads)
     :func:`gl_pair`, :class:`GLPairGeometry`, :class:`AdaptiveGeometry` (:mod:`.geometry`),
     :func:`apgd` (:mod:`.apgd`), :class:`GramTable` (:mod:`.lazy_blocks`)
 symmetry
-    :func:`symmetry_map`, :class:`SymmetryMap`, :class:`PairGroup`, :class:`PairSpec` (:mod:`.symmetry`)
+    :func:`symmetry_map`, :class:`SymmetryMap`, :class:`PairGroup`, :class:`PairSpec`, :func:`find_symmetries`,
+    :func:`declared_bindings`, :func:`check_binding` and the built-in bindings (:mod:`.symmetry`)
 sharpness
     :func:`adaptive_sharpness`, :func:`geodesic_sharpness`, :class:`SharpnessResult`,
-    :class:`PerturbationSpace`, :func:`get_measure` (:mod:`.sharpness`)
+    :class:`PerturbationSpace`, :class:`ProductSpace`, :class:`Factor`, :func:`get_measure` (:mod:`.sharpness`)
 verification
     :func:`orbit_invariance`, :func:`riemannian_gradient_norm`, :func:`draw_orbit_elements`,
     :func:`verification_table` (:mod:`.verification`)
@@ -32,10 +33,15 @@ import importlib
 
 #: public name -> the module that defines it
 _API = {
-    "load_kernels": "kernels", "BUILTIN_MODULES": "kernels",
+    "load_kernels": "kernels", "BUILTIN_MODULES": "kernels", "module_from_source": "kernels",
     "gl_pair": "geometry", "GLPairGeometry": "geometry", "AdaptiveGeometry": "geometry",
     "apgd": "apgd", "GramTable": "lazy_blocks",
     "symmetry_map": "symmetry", "SymmetryMap": "symmetry", "PairGroup": "symmetry", "PairSpec": "symmetry",
+    "find_symmetries": "symmetry", "declared_bindings": "symmetry", "check_binding": "symmetry",
+    "check_symmetry": "symmetry",
+    "HeadTranslationBinding": "symmetry", "ReLUUnitsBinding": "symmetry", "LoRABinding": "symmetry",
+    "NormScalingBinding": "symmetry", "lora_bindings": "symmetry",
+    "ProductSpace": "sharpness.factors", "Factor": "sharpness.factors",
     "adaptive_sharpness": "sharpness", "geodesic_sharpness": "sharpness", "SharpnessResult": "sharpness",
     "PerturbationSpace": "sharpness", "get_measure": "sharpness", "MEASURES": "sharpness",
     "default_loss": "sharpness", "model_loss": "sharpness",

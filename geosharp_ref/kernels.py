@@ -8,6 +8,10 @@ A kernel module is what ``geosharp derive`` writes for one quotient geometry: ``
   ``"translation"``: ``codegen/generated/<name>.py``),
 * a module written by ``geosharp derive --spec`` from its file path (``generated_kernels/lora.py``),
 * or a module object, passed through.
+
+:func:`module_from_source` builds a module from generated source text in memory (``geosharp evaluate --spec``
+derives a spec file's geometry and uses it without writing a file); :func:`kernel_name` is the name a
+module was generated under (``lora_hybrid``), for keys and messages.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["load_kernels", "BUILTIN_MODULES"]
+__all__ = ["load_kernels", "module_from_source", "kernel_name", "BUILTIN_MODULES"]
 
 #: the kernel modules generated from the built-in geometries (``codegen/generated``)
 BUILTIN_MODULES = ("gl_inv", "gl_mix", "diag_inv", "diag_mix", "scaling", "translation")
@@ -35,6 +39,21 @@ def load_kernels(name) -> ModuleType:
     return importlib.import_module(f"codegen.generated.{name}")
 
 
+def kernel_name(module: ModuleType) -> str:
+    """The name the module was generated under: ``gl_mix``, ``lora_hybrid``."""
+    return getattr(module, "KERNEL_NAME", module.__name__.rsplit(".", 1)[-1])
+
+
+def module_from_source(name: str, source: str) -> ModuleType:
+    """Execute generated kernel source (``codegen.generate.GeneratedModule.source``) as module ``name``,
+    in memory; the module is not registered in ``sys.modules``."""
+    mod = ModuleType(f"geosharp_user_kernels.{name}")
+    mod.__file__ = f"<generated {name}>"
+    mod.KERNEL_NAME = name
+    exec(compile(source, mod.__file__, "exec"), mod.__dict__)
+    return mod
+
+
 def _load_file(path: Path) -> ModuleType:
     path = path.resolve()
     if not path.is_file():
@@ -45,6 +64,7 @@ def _load_file(path: Path) -> ModuleType:
         return sys.modules[key]
     spec = importlib.util.spec_from_file_location(key, path)
     mod = importlib.util.module_from_spec(spec)
+    mod.KERNEL_NAME = path.stem
     sys.modules[key] = mod
     try:
         spec.loader.exec_module(mod)

@@ -1,13 +1,18 @@
 """Keeps benchmarks/run.py from rotting: the quick mode (tiny sizes) runs end to end, writes its report
-to a temp path (never over benchmarks/RESULTS.md), and the stacked-group fast path of
+to a temp path (never over benchmarks/RESULTS.md), the generic-path rows of case 1 (ProductSpace: attention
+pairs alone and every applicable symmetry) give finite ratios, and the stacked-group fast path of
 PerturbationSpace gives the same sharpness as the per-group path."""
+import math
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
+from torch import nn
 
 from geosharp_ref.sharpness import PerturbationSpace, geodesic_sharpness
+from tests import cases
 from tests.cases import TwoLayers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,7 +29,8 @@ def test_bench_quick_runs_and_writes_report(tmp_path):
     text = out.read_text()
     for section in ("Machine", "One Auto-PGD iteration", "Geometry alone", "Generated kernels",
                     "Peak memory", "Full evaluation on cpu", "Arithmetic floors", "torch: ",
-                    "page faults per iteration", "first runs 0 untimed iterations"):
+                    "page faults per iteration", "first runs 0 untimed iterations", "The generic path",
+                    "generic/adaptive (≤ 1.5)", "all/adaptive (≤ 1.5)", "(+ classifier.weight:translation)"):
         assert section in text
     assert (results.read_bytes() if results.exists() else None) == before
 
@@ -58,3 +64,52 @@ def test_flop_counter_counts_in_place_accumulated_products():
     with flop_counter() as ref:
         torch.bmm(a, b)
     assert fc.get_total_flops() == ref.get_total_flops() == 2 * 3 * 5 * 4 * 6
+
+
+def test_generic_rows_give_finite_ratios_on_the_tiny_case():
+    """Case 1's generic-path rows (``geodesic_sharpness(..., symmetries=[])`` and with
+    ``all_symmetries(model, batch)``) on the tiny BERT: finite ratios to adaptive and to the fast path, the head
+    translation factor only in the second, and the report's row for them (also for a run of a subset)."""
+    from benchmarks.cases import ITERATION_MEASURES, ITERATION_TARGETS, case_iteration
+    from benchmarks.report import render
+    assert {"generic-mix", "generic-mix-all"} <= set(ITERATION_MEASURES) <= {"adaptive"} | set(ITERATION_TARGETS)
+    res = case_iteration(True, torch.device("cpu"), 1, kinds=("bert",),
+                         measures=("adaptive", "geodesic-mix", "generic-mix", "generic-mix-all"))
+    r = res["bert"]
+    for key in ("mix", "generic", "generic_all", "generic_over_mix"):
+        assert math.isfinite(r[key]["median"]) and r[key]["median"] > 0 and math.isfinite(r[key]["best"])
+    for key in ("generic", "generic_all"):
+        assert math.isfinite(r["cpu"][key]["median"])
+    pairs = r["factors"]["generic-mix"]
+    assert pairs and not any("translation" in k for k in pairs)
+    assert r["factors"]["generic-mix-all"] == pairs + ["classifier.weight:translation"]
+    assert r["flops"]["generic-mix"] > r["flops"]["adaptive"]
+    text = render({"cpu": "test"}, {"iteration": res}, True, 0.0)
+    assert "The generic path" in text and "(+ classifier.weight:translation)" in text
+    assert "inv/adaptive" in text  # the fast-path table with "—" where inv was not measured
+
+
+def _relu_bert():
+    torch.manual_seed(0)
+    return cases.bert(hidden_act="relu").to(torch.float64).eval()
+
+
+def _tokens():
+    return ({"input_ids": torch.randint(3, 50, (3, 6), generator=torch.Generator().manual_seed(1))},
+            torch.tensor([0, 1, 2]))
+
+
+@pytest.mark.parametrize("build, batch, expected", [
+    (cases.bert, _tokens, ["classifier.weight:translation"]),
+    (_relu_bert, _tokens, ["bert.encoder.layer.0.intermediate.dense.weight:relu-units",
+                           "bert.encoder.layer.1.intermediate.dense.weight:relu-units",
+                           "classifier.weight:translation"]),
+    # the ReLU units hold the last layer's weight, so its softmax translation is left out (one symmetry each)
+    (lambda: cases.mlp(nn.ReLU).double(), lambda: (torch.randn(3, 4, dtype=torch.float64), torch.tensor([0, 1, 2])),
+     ["0.weight:relu-units"]),
+    (lambda: cases.mlp(nn.Tanh).double(), lambda: (torch.randn(3, 4, dtype=torch.float64), torch.tensor([0, 1, 2])),
+     ["2.weight:translation"]),
+])
+def test_all_symmetries_are_the_ones_the_library_binds(build, batch, expected):
+    from benchmarks.cases import all_symmetries
+    assert [b.key for b in all_symmetries(build(), batch())] == expected

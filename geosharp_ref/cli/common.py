@@ -6,11 +6,16 @@ import sys
 import warnings
 
 from ..io.models import load_model, require_logits_head
+from ..kernels import kernel_name
 from ..probe import fit_linear_probe
 from ..symmetry import symmetry_map as build_symmetry_map
+from ..symmetry.catalogue import check_symmetry
+from ..symmetry.declared import check_declarations, declared_bindings
 from ..verification.orbits import NO_GROUPS_WARNING
+from .derive import spec_kernels
 
-__all__ = ["check_positive", "symmetry_map_quiet", "describe_symmetry", "load_model_with_head"]
+__all__ = ["check_positive", "symmetry_map_quiet", "describe_symmetry", "load_model_with_head", "spec_module",
+           "declared_symmetries", "check_symmetry_options", "requested_symmetries"]
 
 
 def check_positive(name, value, allow_zero=False):
@@ -51,3 +56,56 @@ def load_model_with_head(model_dir, num_labels, data, seed=0, out=None):
     print(f"  probe     : fresh {num_labels}-class head (seed {seed}) fitted on {probe['examples']} examples with "
           f"the backbone frozen: accuracy {probe['accuracy']:.4f}, loss {probe['loss']:.4g}", file=out)
     return model, probe
+
+
+def spec_module(spec, metric):
+    """The kernel module of ``metric`` in spec file ``spec`` (derived in memory) and its declarations; a spec
+    without ``BINDINGS`` for it is refused before any model is loaded."""
+    module = spec_kernels(spec, metric)
+    name = kernel_name(module)
+    decl = getattr(module, "BINDINGS", None)
+    if decl is None:
+        raise ValueError(f"{spec} declares no BINDINGS for {name!r}: add BINDINGS = {{{name!r}: [{{block: "
+                         f"'parameter-name pattern', ...}}]}} naming the parameters of its blocks "
+                         f"{list(module.BLOCKS)} (README: 'Your own symmetry on a model')")
+    check_declarations(module, decl, where=f"{spec}: BINDINGS[{name!r}]")
+    return module, decl
+
+
+def declared_symmetries(module, decl, model, batch, spec, seed=0, out=None):
+    """The bindings ``decl`` makes on ``model``, each checked on ``batch`` (a refused one raises ValueError
+    with its measured change, before anything is written); one line printed per binding."""
+    out = out or sys.stdout
+    bindings = declared_bindings(model, module, decl, where=f"{spec}: BINDINGS[{kernel_name(module)!r}]")
+    for b in bindings:
+        worst = check_symmetry(model, b, batch, seed)
+        print(f"    bound   {b.key}: {len(b.param_names)} parameters, output change {worst:.1e} (float64 check)",
+              file=out)
+    return bindings
+
+
+def check_symmetry_options(args, metric):
+    """``--metric`` fits ``--spec``; returns ``(module, declarations)`` of the spec (None without one), so a bad
+    spec file is refused before any model is loaded."""
+    if args.spec:
+        return spec_module(args.spec, metric)
+    if metric not in (None, "adaptive", "inv", "mix"):
+        raise ValueError(f"unknown --metric {metric!r}: choose adaptive, inv or mix, or name a metric of a spec file "
+                         f"given with --spec FILE.py")
+    return None
+
+
+def requested_symmetries(args, spec, model, batch, out=None):
+    """``--spec``/``--all-symmetries``: the list for ``geodesic_sharpness(symmetries=…)``, or None (the
+    attention pairs on the fast path). ``spec``: what :func:`check_symmetry_options` returned."""
+    out = out or sys.stdout
+    if spec is None and not args.all_symmetries:
+        return None
+    symmetries = []
+    if spec is not None:
+        module, decl = spec
+        print(f"  spec      : {args.spec}: metric {kernel_name(module)} on blocks {list(module.BLOCKS)}", file=out)
+        symmetries += declared_symmetries(module, decl, model, batch, args.spec, args.seed, out)
+    if args.all_symmetries:
+        symmetries.append("all")
+    return symmetries

@@ -1,14 +1,45 @@
 """``geosharp derive``: derive geometries symbolically and generate their kernel modules.
 
-The only command that imports the SymPy engine (``derivations``) and the code generator; it imports them
-when it runs, never at start-up.
+The only module that imports the SymPy engine (``derivations``) and the code generator; it imports them
+when it runs, never at start-up. :func:`spec_kernels` derives one metric of a spec file in memory for
+``evaluate``/``verify``/``symmetries --spec`` (the evaluator itself then needs only the generated module).
 """
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-__all__ = ["run"]
+from ..kernels import load_kernels, module_from_source
+
+__all__ = ["run", "spec_kernels", "GENERATED_HEADER"]
+
+#: the first line of every generated kernel module
+GENERATED_HEADER = "# GENERATED FILE - DO NOT EDIT."
+
+
+def spec_kernels(path, name=None):
+    """The kernel module of metric ``name`` of spec file ``path``, derived and generated in memory (nothing is
+    written); ``path`` may also be a module ``geosharp derive`` wrote (then ``name`` must be None or its
+    name). ``name`` None: the spec's only metric."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"spec file {str(path)!r} does not exist")
+    with open(path, encoding="utf-8", errors="replace") as f:
+        first = f.readline().strip()
+    if first == GENERATED_HEADER:
+        module = load_kernels(path)
+        if name is not None and name != path.stem:
+            raise ValueError(f"{path} is the generated module {path.stem!r}, not {name!r}")
+        return module
+    from codegen.spec import generate_from_spec, load_spec  # the symbolic side, only when a spec is derived
+
+    if name is None:
+        names = list(load_spec(path))
+        if len(names) != 1:
+            raise ValueError(f"{path} declares {len(names)} metrics ({', '.join(names)}); pick one with --metric NAME")
+        name = names[0]
+    (generated,), _ = generate_from_spec(path, names=[name])
+    return module_from_source(name, generated.source)
 
 
 def run(args) -> int:

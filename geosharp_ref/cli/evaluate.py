@@ -12,7 +12,8 @@ from ..io.data import load_data, split_batches
 from ..io.models import check_model_dir
 from ..sharpness.measures import adaptive_sharpness, geodesic_sharpness, rho_for_size
 from ..verification.orbits import NO_GROUPS_WARNING
-from .common import check_positive, describe_symmetry, load_model_with_head, symmetry_map_quiet
+from .common import (check_positive, check_symmetry_options, describe_symmetry, load_model_with_head,
+                     requested_symmetries, symmetry_map_quiet)
 
 __all__ = ["run", "PROBE_RHOS"]
 
@@ -33,6 +34,9 @@ def run(args) -> int:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.batches is not None and args.batches < 1:
         raise ValueError(f"--batches must be at least 1, got {args.batches}")
+    spec = check_symmetry_options(args, args.metric)
+    if args.metric == "adaptive" and args.all_symmetries:
+        raise ValueError("--all-symmetries quotients symmetries for geodesic sharpness: use --metric inv or mix")
     check_model_dir(args.model_dir)
     inputs, targets, n = load_data(args.data)
     n_batches = args.batches if args.batches is not None else max(1, n // args.batch_size)
@@ -45,11 +49,13 @@ def run(args) -> int:
     print(f"{args.metric} sharpness of {name} ({args.model_dir})")
     print(f"  data      : {args.data}, {n_batches} batches × {args.batch_size} (first "
           f"{n_batches * args.batch_size} of {n} examples)")
-    smap = None
+    smap, symmetries = None, None
+    geodesic_metric = args.attention_metric if spec is not None else args.metric
     if args.metric != "adaptive":
         smap = symmetry_map_quiet(model)
         describe_symmetry(smap)
-        if not smap.groups:
+        symmetries = requested_symmetries(args, spec, model, batches[0])
+        if not smap.groups and symmetries is None:
             print(f"geosharp: warning: no recognised GL(h) attention in {name}: geodesic sharpness equals "
                   f"adaptive sharpness for this model", file=sys.stderr)
 
@@ -58,10 +64,10 @@ def run(args) -> int:
             return adaptive_sharpness(model, on, rho, **{**common, **kw})
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=NO_GROUPS_WARNING)
-            return geodesic_sharpness(model, on, rho, metric=args.metric, eps=args.eps,
+            return geodesic_sharpness(model, on, rho, metric=geodesic_metric, eps=args.eps,
                                       geodesic_correction=not args.no_geodesic_correction,
                                       metric_norm=not args.no_metric_norm, gradient=args.gradient,
-                                      symmetry_map=smap, **{**common, **kw})
+                                      symmetry_map=smap, symmetries=symmetries, **{**common, **kw})
 
     rho = args.rho
     if rho is None:  # matched perturbation size: fit ρ ↦ ‖Δθ‖/‖θ‖ on the first batch from two probes
@@ -75,6 +81,9 @@ def run(args) -> int:
     if smap is not None:
         opts += (f", eps {cfg['eps']:g}, geodesic correction {'on' if cfg['geodesic_correction'] else 'off'}, "
                  f"metric norm {'on' if cfg['metric_norm'] else 'off'}, gradient {cfg['gradient']}")
+    if cfg.get("factors") is not None:
+        print(f"  factors   : {len(cfg['factors'])} quotiented symmetries (attention pairs and bindings)"
+              + (f"; {len(cfg['yielded'])} attention pairs yielded to a binding" if cfg.get("yielded") else ""))
     print(f"  measure   : {result.measure}")
     print(f"  rho       : {result.rho:g} ({opts})")
     print(f"  mean      : {result.mean:.6g}")

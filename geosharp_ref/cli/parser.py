@@ -83,8 +83,10 @@ def _add_evaluate(sub):
                         help="instead of --rho: the radius at which the maximiser changes the weights by "
                              "‖Δθ‖/‖θ‖ = S on the first batch (fitted from two probe radii, 0.01 and 0.03), so "
                              "that measures compare at matched perturbation size")
-    p.add_argument("--metric", required=True, choices=("adaptive", "inv", "mix"),
-                   help="adaptive sharpness, or geodesic sharpness with the inv / mix quotient metric")
+    p.add_argument("--metric", required=True, metavar="NAME",
+                   help="adaptive, inv or mix (geodesic sharpness with the attention pairs' inv / mix quotient "
+                        "metric), or with --spec the name of a metric the spec file declares")
+    _symmetry_options(p)
     p.add_argument("--batches", type=int, metavar="N", help="number of batches (default: all full batches)")
     p.add_argument("--batch-size", type=int, default=32, metavar="B", help="examples per batch (default 32)")
     p.add_argument("--iters", type=int, default=20, metavar="K", help="Auto-PGD iterations per batch (default 20)")
@@ -103,6 +105,22 @@ def _add_evaluate(sub):
     _num_labels_option(p)
     p.add_argument("--json", metavar="OUT", help="write the result (SharpnessResult.to_dict() plus model "
                                                  "and data paths) as JSON; parent directories are created")
+
+
+def _symmetry_options(p, verify=False):
+    p.add_argument("--spec", metavar="FILE.py",
+                   help="a spec file (SPEC and BINDINGS, see `geosharp derive`) or a kernel module it generated: "
+                        "the declared symmetry is derived, bound to the model's parameters as BINDINGS says, "
+                        "checked, and quotiented" + (" (with --metric NAME)" if verify else " (--metric NAME picks "
+                        "the metric)") + "; the attention pairs keep --attention-metric")
+    if verify:
+        p.add_argument("--metric", metavar="NAME", help="with --spec: the spec file's metric to verify")
+    p.add_argument("--attention-metric", choices=("inv", "mix"), default="mix",
+                   help="quotient metric of the attention pairs beside --spec or --all-symmetries (default mix)")
+    p.add_argument("--all-symmetries", action="store_true",
+                   help="also quotient every built-in symmetry that applies and passes its check (softmax "
+                        "translation of the head, ReLU units, LoRA adapters, norm scaling where exact; "
+                        "`geosharp symmetries` lists them)")
 
 
 def _num_labels_option(p):
@@ -129,18 +147,29 @@ def _add_verify(sub):
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--iters", type=int, default=5, metavar="K", help="Auto-PGD iterations (default 5)")
     p.add_argument("--batch-size", type=int, default=4, metavar="B", help="examples in the batch (default 4)")
+    _symmetry_options(p, verify=True)
     _num_labels_option(p)
 
 
 def _add_symmetries(sub):
     p = sub.add_parser("symmetries", help="list the parameter symmetries found in a saved model: the GL(h) "
                                           "pairs bound per layer and head, what was refused and why",
-                       description="The symmetry map of a local model: every GL(h) attention pair found (layer, "
+                       description="The symmetries of a local model: every GL(h) attention pair found (layer, "
                                    "kind, heads, head dimension, block shapes), every pair refused with its "
-                                   "reason (rotary or relative positions, QK-norm, an unrecognised layout), and "
-                                   "the parameters left to the adaptive geometry.")
+                                   "reason (rotary or relative positions, QK-norm, an unrecognised layout), the "
+                                   "parameters left to the adaptive geometry, and every further built-in symmetry "
+                                   "(softmax translation of the head, ReLU units, LoRA adapters, norm scaling) "
+                                   "bound or refused after its float64 check, with the measured change.")
     p.add_argument("model_dir", metavar="MODEL_DIR", help="local Hugging Face-format model directory")
-    p.add_argument("--json", metavar="OUT", help="also write the map as JSON (groups, refused, adaptive)")
+    p.add_argument("--data", metavar="FILE", help="data file whose first --batch-size examples run the checks "
+                                                  "(default: a random batch that fits the model)")
+    p.add_argument("--batch-size", type=int, default=4, metavar="B", help="examples the checks run (default 4)")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the checks (default 0)")
+    p.add_argument("--spec", metavar="FILE.py", help="also bind and check the symmetries a spec file declares")
+    p.add_argument("--metric", metavar="NAME", help="with --spec: only this metric of the spec file")
+    _num_labels_option(p)
+    p.add_argument("--json", metavar="OUT", help="also write the map as JSON (groups, refused, adaptive, the "
+                                                 "further symmetries bound or refused)")
 
 
 def _add_data(sub):

@@ -10,7 +10,9 @@ import torch
 from ..io.data import load_data, random_batch, split_batches
 from ..io.models import check_model_dir
 from ..verification.orbits import INVARIANCE_TOL, INVARIANT_QUANTITIES, QUANTITIES, orbit_invariance
-from .common import check_positive, load_model_with_head, symmetry_map_quiet
+from ..symmetry.catalogue import find_symmetries
+from .common import (check_positive, check_symmetry_options, load_model_with_head, requested_symmetries,
+                     symmetry_map_quiet)
 
 __all__ = ["run"]
 
@@ -30,6 +32,7 @@ def run(args) -> int:
         raise ValueError("--scales is empty")
     for s in scales:
         check_positive("every scale in --scales", s)
+    spec = check_symmetry_options(args, args.metric)
     check_model_dir(args.model_dir)
     data = load_data(args.data) if args.data else None  # fail early on a bad file
     model, _ = load_model_with_head(args.model_dir, args.num_labels, data, args.seed)
@@ -55,13 +58,25 @@ def run(args) -> int:
         batch = random_batch(model64, args.batch_size, seed=args.seed)
         key = next(iter(batch[0]))
         source = f"random batch: {key} {tuple(batch[0][key].shape)}, targets {tuple(batch[1].shape)}"
+    symmetries = requested_symmetries(args, spec, model64, batch)
+    if symmetries and symmetries[-1] == "all":
+        report = find_symmetries(model64, batch, metric=args.attention_metric, seed=args.seed)
+        taken = {n for b in symmetries[:-1] for n in b.param_names}
+        found = [b for b in report.bindings if not taken.intersection(b.param_names)]
+        for b in found:
+            print(f"    bound   {b.key} (built-in)")
+        symmetries = symmetries[:-1] + found
+    if symmetries is not None:
+        print(f"further symmetries quotiented and moved along their orbits: {len(symmetries)} bindings "
+              f"(group elements of scale a from each binding's random_element)")
     print(f"A = a·Q·diag(u) per head (Q orthogonal, u ~ U[0.5, 2], seed {args.seed}), applied with "
           f"SymmetryMap.act to a float64 copy")
     print(f"batch: {source}; rho {args.rho:g}, APGD {args.iters} iterations, float64")
-    print("relative change |f(ψ(A, θ)) − f(θ)| / |f(θ)| (output: max-abs over the logits)\n")
+    print("relative change |f(ψ(A, θ)) − f(θ)| / |f(θ)| (output: max-abs over the "
+          f"{'log-probabilities' if symmetries else 'logits'})\n")
 
     t0 = time.perf_counter()
-    report = orbit_invariance(model64, smap, batch, args.rho, scales, args.iters, args.seed)
+    report = orbit_invariance(model64, smap, batch, args.rho, scales, args.iters, args.seed, symmetries)
     base, rows, worst, failed = report["base"], report["rows"], report["worst"], report["failed"]
 
     header = ["scale a"] + list(QUANTITIES)

@@ -4,15 +4,21 @@ The loader follows ``config.architectures``: ``…ForSequenceClassification`` �
 ``AutoModelForSequenceClassification``, ``…ForImageClassification`` → ``AutoModelForImageClassification``,
 another class the config names (e.g. ``GPT2LMHeadModel``) → that class, else ``AutoModel``; attention
 is loaded eager, ``local_files_only=True``. ``transformers`` is imported lazily.
+
+A peft adapter directory (``adapter_config.json`` and the adapter weights, as ``PeftModel.save_pretrained``
+writes them) is loaded onto its base model, which ``base_model_name_or_path`` must name as a local
+directory (absolute, or relative to the adapter directory): ``PeftModel.from_pretrained(base, dir)``, adapters
+kept unmerged so that their own symmetries (LoRA's GL(r)) can be quotiented.
 """
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 
 import torch
 
-__all__ = ["load_model", "refuse_incomplete_weights", "has_logits_head", "require_logits_head", "load_hf_classifier", "check_model_dir", "loader_for", "quiet_transformers", "HF_WEIGHTS"]
+__all__ = ["load_model", "refuse_incomplete_weights", "has_logits_head", "require_logits_head", "load_hf_classifier", "load_adapter", "check_model_dir", "loader_for", "quiet_transformers", "HF_WEIGHTS"]
 
 
 @contextlib.contextmanager
@@ -53,10 +59,10 @@ def loader_for(config):
 def check_model_dir(model_dir) -> Path:
     path = Path(model_dir)
     hint = ("MODEL_DIR must be a local Hugging Face-format directory (config.json and weights, as "
-            "written by save_pretrained); hub names are never downloaded")
+            "written by save_pretrained, or a peft adapter directory); hub names are never downloaded")
     if not path.is_dir():
         raise FileNotFoundError(f"model directory {str(model_dir)!r} does not exist; {hint}")
-    if not (path / "config.json").is_file():
+    if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
         raise FileNotFoundError(f"model directory {str(path)!r} has no config.json; {hint}")
     return path
 
@@ -69,6 +75,8 @@ def load_model(model_dir, num_labels: int | None = None, seed: int = 0):
     initialised under ``torch.manual_seed(seed)``: for a checkpoint without a head, before
     :func:`geosharp_ref.probe.fit_linear_probe`."""
     path = check_model_dir(model_dir)
+    if not (path / "config.json").is_file():
+        return load_adapter(path, num_labels, seed)
     if not any((path / f).is_file() for f in HF_WEIGHTS):
         others = sorted(p.name for p in path.iterdir() if p.suffix in (".h5", ".msgpack", ".ckpt", ".index"))
         hint = (f" (found {others}: convert TensorFlow/Flax weights to PyTorch first, e.g. load them with "
@@ -111,6 +119,32 @@ def load_model(model_dir, num_labels: int | None = None, seed: int = 0):
     return model.eval()
 
 
+def load_adapter(path, num_labels=None, seed: int = 0):
+    """A peft adapter directory on its local base model (see the module doc)."""
+    try:
+        cfg = json.loads((path / "adapter_config.json").read_text())
+    except ValueError as exc:
+        raise ValueError(f"{str(path)!r}: adapter_config.json is not valid JSON ({exc})") from None
+    base = cfg.get("base_model_name_or_path")
+    if not base:
+        raise ValueError(f"{str(path)!r}: adapter_config.json names no base_model_name_or_path; set it to the local "
+                         f"directory of the base model")
+    base_dir = Path(base) if Path(base).is_absolute() else path / base
+    if not (base_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{str(path)!r} is a peft adapter whose base model {base!r} is not a local model "
+                                f"directory (looked in {str(base_dir)!r}); hub names are never downloaded: set "
+                                f"base_model_name_or_path in adapter_config.json to the base model's directory")
+    model = load_model(base_dir, num_labels=num_labels, seed=seed)
+    import peft
+
+    try:
+        adapted = peft.PeftModel.from_pretrained(model, path, is_trainable=False)
+    except Exception as exc:
+        raise ValueError(f"could not load the peft adapter {str(path)!r} onto {str(base_dir)!r}: "
+                         f"{type(exc).__name__}: {exc}") from exc
+    return adapted.eval()
+
+
 def refuse_incomplete_weights(path, cls, info) -> None:
     """Refuse a checkpoint whose weights leave parameters of ``cls`` uninitialised or mis-shaped
     (transformers would initialise them at random and only warn)."""
@@ -129,6 +163,8 @@ def refuse_incomplete_weights(path, cls, info) -> None:
 def has_logits_head(model) -> bool:
     """Whether the model's output has logits: a task head (``…For…``, ``…LMHeadModel``), not a bare
     backbone (``BertModel``, ``ViTModel``, …) that returns hidden states."""
+    if hasattr(model, "get_base_model") and type(model).__name__.startswith("Peft"):
+        model = model.get_base_model()
     name = type(model).__name__
     return not (name.endswith("Model") and "For" not in name and "LMHead" not in name)
 

@@ -19,7 +19,8 @@ from typing import Optional
 import torch
 
 from ..apgd import apgd
-from ..symmetry import symmetry_map as build_symmetry_map
+from ..symmetry import SymmetryMap, symmetry_map as build_symmetry_map
+from ..symmetry.catalogue import find_symmetries
 from .loss import check_finite_batch, default_loss, model_loss, to_device
 from .factors import Factor, ProductSpace, gl_pair_factors
 from .space import PerturbationSpace
@@ -179,15 +180,70 @@ def _model_space(model, batches, rho, dtype, smap, symmetries=None, **space_opti
     if unsupported:
         raise ValueError(f"the generic path (symmetries=…) does not offer {unsupported} yet; drop the option or "
                          f"the symmetries")
-    eps, metric = space_options.get("eps", 0.0), space_options.get("metric")
+    symmetries = resolve_symmetries(model, symmetries, batches[0], space_options.get("metric") or "mix")
+    space = generic_space(params, smap, space_options.get("metric"), symmetries, eps=space_options.get("eps", 0.0),
+                          geodesic_correction=space_options.get("geodesic_correction", True),
+                          adaptive_offset=space_options.get("adaptive_offset", 0.0),
+                          exclude=space_options.get("exclude", ()))
+    return model, params, batches, dtype, space.pair_groups, space
+
+
+def resolve_symmetries(model, symmetries, batch, metric: str = "mix") -> list:
+    """The list of factors/bindings ``symmetries`` stands for: ``"all"`` (or an ``"all"`` entry in a list) is
+    every built-in symmetry :func:`~geosharp_ref.symmetry.catalogue.find_symmetries` binds on ``batch``,
+    less those sharing a parameter with the explicitly given ones."""
+    if isinstance(symmetries, str):
+        symmetries = [symmetries]
+    explicit = [s for s in symmetries if not isinstance(s, str)]
+    words = [s for s in symmetries if isinstance(s, str)]
+    if any(w != "all" for w in words):
+        raise ValueError(f"unknown symmetries entry {next(w for w in words if w != 'all')!r}: give factors, bindings "
+                         f"or 'all'")
+    if not words:
+        return explicit
+    taken = {n for s in explicit for n in _as_factor(s, 0.0).binding.param_names}
+    found = find_symmetries(model, batch, metric=metric).bindings
+    return explicit + [b for b in found if not taken.intersection(b.param_names)]
+
+
+def generic_space(params, smap, metric, symmetries, eps: float = 0.0, **options) -> ProductSpace:
+    """The generic :class:`ProductSpace` at ``params``: the attention pairs of ``smap`` (None: none) as
+    ``gl_<metric>`` factors (``metric`` None: left adaptive), then ``symmetries`` (factors or bindings), the
+    rest adaptive. Pairs that share a parameter with a given symmetry yield to it (:func:`yield_to`); the
+    space records ``pair_groups`` (the pairs kept) and ``yielded``."""
     extra = [_as_factor(sym, eps) for sym in symmetries]
+    covered = {}
+    for f in extra:
+        for n in f.binding.param_names:
+            if n in covered:
+                raise ValueError(f"parameter {n!r} is bound twice, by {covered[n]} and {f.binding.key}; a parameter "
+                                 f"belongs to one symmetry")
+            covered[n] = f.binding.key
+    groups, masks, yielded = ((), None, []) if smap is None else yield_to(smap, covered)
     factors = (gl_pair_factors(groups, metric, eps) if metric else []) + extra
-    covered = {n for f in extra for n in f.binding.param_names}
     masks = {n: m for n, m in (masks or {n: None for n in params}).items() if n not in covered}
-    space = ProductSpace(params, factors, masks, geodesic_correction=space_options.get("geodesic_correction", True),
-                         adaptive_offset=space_options.get("adaptive_offset", 0.0),
-                         exclude=space_options.get("exclude", ()))
-    return model, params, batches, dtype, groups, space
+    space = ProductSpace(params, factors, masks, **options)
+    space.pair_groups, space.yielded = list(groups), yielded
+    return space
+
+
+def yield_to(smap, covered: dict):
+    """The attention pairs of ``smap`` that share no parameter with the given symmetries (``covered``:
+    parameter name → key of the symmetry that binds it), the adaptive masks without the others, and
+    ``(pair key, reason)`` for each pair that yields. A parameter belongs to one symmetry: an attention pair
+    acting on a LoRA-adapted projection moves the adapter's B, so quotienting the adapter's GL(r) instead
+    leaves that pair's weights to the adaptive geometry."""
+    kept, yielded = [], []
+    for g in smap.groups:
+        taken = sorted({covered[n] for n in g.param_names if n in covered})
+        if taken:
+            yielded.append((g.key, f"shares parameters with {', '.join(taken)} (a parameter belongs to one "
+                                   f"symmetry): its weights are adaptive instead"))
+        else:
+            kept.append(g)
+    if not yielded:
+        return list(smap.groups), smap.adaptive_masks, []
+    return kept, SymmetryMap(kept, smap.param_shapes, smap.refused).adaptive_masks, yielded
 
 
 def _evaluate(model, measure, batches, rho, *, metric=None, smap=None, n_iter=20, loss_fn=default_loss,
@@ -232,7 +288,8 @@ def _evaluate(model, measure, batches, rho, *, metric=None, smap=None, n_iter=20
                   metric_norm=metric_norm, random_start=random_start, seed=seed, dtype=str(dtype),
                   pairs=len(groups), heads=sum(g.num_heads for g in groups),
                   adaptive_params=len(space.adaptive_names),
-                  factors=[f.binding.key for f in space.factors] if isinstance(space, ProductSpace) else None)
+                  factors=[f.binding.key for f in space.factors] if isinstance(space, ProductSpace) else None,
+                  yielded=[list(y) for y in getattr(space, "yielded", [])])
     return SharpnessResult(measure=measure, rho=float(rho), mean=sum(per) / len(per), per_batch=per,
                            loss_before=before, loss_after=after, perturbation_norms=norms,
                            seconds=time.perf_counter() - t0, config=config, trajectories=trajs,
@@ -303,7 +360,10 @@ def geodesic_sharpness(model, batches, rho, *, metric="mix", n_iter=20, loss_fn=
     given factors, the rest adaptive). None (default): the attention pairs on the GL fast path."""
     if metric not in ("inv", "mix"):
         raise ValueError(f"unknown metric {metric!r}; choose 'inv' or 'mix'")
-    smap = symmetry_map if symmetry_map is not None else build_symmetry_map(model)
+    with warnings.catch_warnings():
+        if symmetries:  # no attention pairs is fine when other symmetries are quotiented
+            warnings.filterwarnings("ignore", message="symmetry_map: no GL")
+        smap = symmetry_map if symmetry_map is not None else build_symmetry_map(model)
     if not smap.groups and not symmetries:
         warnings.warn("no GL(h) attention pairs found: geodesic sharpness equals adaptive sharpness here",
                       stacklevel=2)

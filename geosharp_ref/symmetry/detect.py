@@ -35,6 +35,34 @@ In multi-head attention with head dimension h, input x ∈ R^d (a row vector) an
 
   (row-stacking the r query-head blocks).  The model uses only G_j H_jᵀ, so a group has K heads.
 
+* **LoRA-adapted projections** (peft's ``LoraLayer``, recognised by structure: a module with a linear
+  ``base_layer`` and ``lora_A`` / ``lora_B`` module dicts of ``nn.Linear``; peft is not imported).
+  Adapter k has A_k ∈ R^{r_k×d_in} (``lora_A.<k>.weight``), B_k ∈ R^{d_out×r_k} (``lora_B.<k>.weight``),
+  scaling s_k, and the projection computes (dropout is the identity in eval)
+
+      y = x W0ᵀ + b + Σ_k s_k (x A_kᵀ) B_kᵀ,      effective weight  W = W0 + Σ_k s_k B_k A_k.
+
+  The group element (written M ∈ GL(h) here, A_k being the adapter factor) acts on the effective
+  weight's head rows, W^i ↦ Mᵀ W^i (Q, K, V: G_i ↦ G_i M), or head columns, W[:, cols_i] ↦
+  W[:, cols_i] M⁻ᵀ (O: H_i ↦ H_i M⁻ᵀ), cols_i = i·h … (i+1)·h−1.  Acting alike on the adapter factor
+  that carries the head channels realises this exactly on the parameters, for every s_k, since
+  (Mᵀ B_k^i) A_k = Mᵀ (B_k^i A_k) and B_k (A_k[:, cols_i] M⁻ᵀ) = (B_k A_k[:, cols_i]) M⁻ᵀ:
+
+      into a head (Q, K, V):  G_i = [W0^iᵀ ; b^iᵀ ; (B_1^i)ᵀ ; … ] ∈ R^{(d+1+Σ_k r_k)×h},
+                              B_k^i = B_k[cols_i, :] ∈ R^{h×r_k};  A_k not in the pair (adaptive);
+      out of a head (O):      H_i = [W0[:, cols_i] ; A_1[:, cols_i] ; … ] ∈ R^{(d_out+Σ_k r_k)×h};
+                              B_k not in the pair (adaptive).
+
+  A ``lora_B`` bias (``lora_bias=True``) is one more row of G_i into a head (after (B_k^i)ᵀ) and stays
+  adaptive on O.  The base layer may be an ``nn.Linear`` or a ``Conv1D`` (the adapter is (out, in)
+  either way), fused [Q|K|V] included; all adapters of the layer are covered, active or not.  The pair
+  holds B_k (or A_k), so the adapter's own GL(r) symmetry (``bindings.lora_bindings``) is not bound
+  there as well (a parameter belongs to one symmetry).  Refused (the pair's parameters stay
+  adaptive): DoRA (``lora_magnitude_vector`` / ``use_dora``: each output row is renormalised by
+  ‖W0 + s B A‖_row, not GL(h)-equivariant), any ``lora_variant``, adapter parameters outside
+  ``lora_A``/``lora_B``, other adapter wrappers (a ``base_layer`` without ``lora_A``/``lora_B``), and
+  peft's wrapped ``nn.MultiheadAttention``.
+
 * **Rotary position embeddings** rotate queries and keys per position, q ↦ q R_p, k ↦ k R_p, so
   scores use G_i R_{p−p'} H_iᵀ: invariant only for A that commute with every rotation R_θ, a
   proper subgroup of GL(h).  The Q/K pair of such a layer is *refused* (its weights go to the
@@ -90,6 +118,10 @@ class _Lin:
     in_features: int
     out_features: int
     wshape: tuple[int, ...]
+    #: LoRA adapters on top of the weight (empty for a plain projection)
+    adapters: tuple["_Adapter", ...] = ()
+    #: why the projection cannot be part of a GL(h) pair (an unsupported adapter), or None
+    refusal: Optional[str] = None
 
     @property
     def out_axis(self) -> int:
@@ -100,7 +132,78 @@ class _Lin:
         return 1 - self.out_axis
 
 
+@dataclass(frozen=True)
+class _Adapter:
+    """One LoRA adapter of a projection: ``lora_A`` weight (r, in), ``lora_B`` weight (out, r) [+ bias (out,)]."""
+
+    a: str
+    a_shape: tuple[int, int]
+    b: str
+    b_shape: tuple[int, int]
+    b_bias: Optional[str]
+
+
+def _is_adapter_wrapper(mod: nn.Module) -> bool:
+    """A module wrapping a layer as ``mod.base_layer`` (peft's tuner layers, matched by structure)."""
+    return isinstance(getattr(mod, "base_layer", None), nn.Module)
+
+
+def _as_lora_lin(path: str, mod: nn.Module) -> Optional[_Lin]:
+    r"""A projection wrapped by LoRA adapters: y = x W0ᵀ + b + Σ_k s_k (x A_kᵀ) B_kᵀ (peft ``LoraLayer``).
+
+    The base layer must be linear-like; the result names the base weight/bias and lists the adapters.
+    Anything but plain LoRA (DoRA's magnitude vector, LoRA variants, embedding adapters, other tuner
+    types, adapters of unexpected shapes) gives a ``_Lin`` carrying a ``refusal``."""
+    base = _as_lin(_join(path, "base_layer"), mod.base_layer)
+    if base is None:
+        return None
+    kind = f"{type(mod).__module__}.{type(mod).__name__}"
+    la, lb = getattr(mod, "lora_A", None), getattr(mod, "lora_B", None)
+    if not (isinstance(la, nn.ModuleDict) and isinstance(lb, nn.ModuleDict)):
+        base.refusal = (f"{path} is wrapped by an adapter layer ({kind}) that is not LoRA (no lora_A/lora_B); "
+                        f"its effective weight need not transform with the head rows")
+        return base
+    why = []
+    stray = sorted({n.split(".")[0] for n, _ in mod.named_parameters()
+                    if n.split(".")[0] not in ("base_layer", "lora_A", "lora_B")})
+    if stray:
+        why.append(f"adapter parameters outside lora_A/lora_B ({', '.join(stray)}"
+                   + ("; DoRA rescales each output row by m / ‖W0 + s B A‖_row, not GL(h)-equivariant"
+                      if "lora_magnitude_vector" in stray else "") + ")")
+    variants = getattr(mod, "lora_variant", None)
+    if isinstance(variants, Mapping) and variants:
+        why.append("LoRA variant(s) " + ", ".join(f"{k}: {type(v).__name__}" for k, v in variants.items()))
+    dora = getattr(mod, "use_dora", None)
+    if isinstance(dora, Mapping) and any(bool(v) for v in dora.values()):
+        why.append("use_dora=True (DoRA)")
+    if set(la.keys()) != set(lb.keys()):
+        why.append(f"lora_A adapters {sorted(la.keys())} differ from lora_B adapters {sorted(lb.keys())}")
+    adapters = []
+    for k in la.keys():
+        if k not in lb:
+            continue
+        A, B = la[k], lb[k]
+        if type(A) is not nn.Linear or type(B) is not nn.Linear:
+            why.append(f"adapter {k!r}: lora_A/lora_B are {type(A).__name__}/{type(B).__name__}, not nn.Linear")
+            continue
+        r = A.weight.shape[0]
+        if A.bias is not None or tuple(A.weight.shape) != (r, base.in_features) \
+                or tuple(B.weight.shape) != (base.out_features, r):
+            why.append(f"adapter {k!r}: lora_A {tuple(A.weight.shape)} / lora_B {tuple(B.weight.shape)} do not "
+                       f"factor a ({base.out_features}, {base.in_features}) update B A (or lora_A has a bias)")
+            continue
+        pa, pb = _join(path, f"lora_A.{k}"), _join(path, f"lora_B.{k}")
+        adapters.append(_Adapter(_join(pa, "weight"), (r, base.in_features), _join(pb, "weight"),
+                                 (base.out_features, r), _join(pb, "bias") if B.bias is not None else None))
+    base.adapters = tuple(adapters)
+    if why:
+        base.refusal = f"{path} ({kind}) is not a plain LoRA projection: " + "; ".join(why)
+    return base
+
+
 def _as_lin(path: str, mod: nn.Module) -> Optional[_Lin]:
+    if _is_adapter_wrapper(mod):
+        return _as_lora_lin(path, mod)
     w = getattr(mod, "weight", None)
     if not isinstance(w, Tensor) or w.dim() != 2:
         return None
@@ -116,17 +219,24 @@ def _as_lin(path: str, mod: nn.Module) -> Optional[_Lin]:
 
 
 def _into_head(lin: _Lin, start: int, heads: int, h: int, bias_shape=None) -> list[Piece]:
-    """Pieces [W^iᵀ ; b^iᵀ] for a projection into head space, channels start … start+heads·h."""
+    """Pieces [W^iᵀ ; b^iᵀ ; (B_k^i)ᵀ ; (b_{B,k}^i)ᵀ …] for a projection into head space, channels
+    start … start+heads·h: B_k^i (h × r) are the head-i rows of each LoRA ``lora_B`` weight (out, r)."""
     pieces = [Piece(lin.weight, lin.wshape, lin.out_axis, start, heads, h)]
     if lin.bias is not None:
         pieces.append(Piece(lin.bias, (lin.out_features,) if bias_shape is None else bias_shape,
                              0, start, heads, h))
+    for ad in lin.adapters:
+        pieces.append(Piece(ad.b, ad.b_shape, 0, start, heads, h))
+        if ad.b_bias is not None:
+            pieces.append(Piece(ad.b_bias, (ad.b_shape[0],), 0, start, heads, h))
     return pieces
 
 
 def _out_of_head(lin: _Lin, heads: int, h: int) -> list[Piece]:
-    """Piece W_O[:, i·h:(i+1)·h] (d_out × h) of an output projection; its bias is not included."""
-    return [Piece(lin.weight, lin.wshape, lin.in_axis, 0, heads, h)]
+    """Pieces [W_O[:, i·h:(i+1)·h] ; A_k[:, i·h:(i+1)·h] …] ((d_out + Σ r_k) × h) of an output projection,
+    A_k (r, N·h) the ``lora_A`` weights of its LoRA adapters; its biases (and lora_B's) are not included."""
+    return [Piece(lin.weight, lin.wshape, lin.in_axis, 0, heads, h)] + \
+        [Piece(ad.a, ad.a_shape, 1, 0, heads, h) for ad in lin.adapters]
 
 
 def _make_group(path, kind, g_pieces, h_pieces, g_stack, h_stack, source) -> PairGroup:
@@ -224,6 +334,13 @@ _HEAD_DIM = ("head_dim", "attention_head_size", "head_size", "d_head", "d_k")
 _KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "n_kv_head")
 
 
+def _adapter_refusal(*lins: _Lin) -> Optional[str]:
+    why = list(dict.fromkeys(lin.refusal for lin in lins if lin.refusal))
+    if not why:
+        return None
+    return "; ".join(why) + "; the pair's parameters stay adaptive"
+
+
 def _int_attr(objs, names) -> Optional[int]:
     for o in objs:
         if o is None:
@@ -266,7 +383,13 @@ def _match_mha(path: str, mod: nn.MultiheadAttention, found: _Found) -> None:
         v = v + [Piece(_join(path, "bias_v"), (1, 1, E), 2, 0, N, h)]
     o = _as_lin(_join(path, "out_proj"), mod.out_proj)
     found.groups.append(_make_group(path, "qk", q, k, 1, 1, src))
-    found.groups.append(_make_group(path, "vo", v, _out_of_head(o, N, h), 1, 1, src))
+    if o is None or o.adapters or o.refusal:
+        # nn.MultiheadAttention reads out_proj.weight directly (a wrapper's forward is never called)
+        what = "is not linear" if o is None else \
+            f"is wrapped by an adapter layer ({type(mod.out_proj).__name__}) that nn.MultiheadAttention bypasses"
+        found.refused.append((f"{path}:vo", f"out_proj {what}; its parameters stay adaptive"))
+    else:
+        found.groups.append(_make_group(path, "vo", v, _out_of_head(o, N, h), 1, 1, src))
     found.matched.add(path)
 
 
@@ -387,7 +510,7 @@ def _match_projections(path, mod, parent, parent_path, model_cfg, model_rotary, 
                           f"may act between the projections")
 
     found.matched.add(path)
-    why = _qk_refusal(mod, path, configs, model_rotary, qk_norms)
+    why = _qk_refusal(mod, path, configs, model_rotary, qk_norms) or _adapter_refusal(qlin, klin)
     if why:
         found.refused.append((f"{path}:qk", why))
     else:
@@ -395,6 +518,8 @@ def _match_projections(path, mod, parent, parent_path, model_cfg, model_rotary, 
             path, "qk", _into_head(qlin, q_off, N, h), _into_head(klin, k_off, K, h), r, 1, src))
     if o is None:
         found.refused.append((f"{path}:vo", "no output projection found (in_features = heads × head dim)"))
+    elif _adapter_refusal(vlin, o[1]):
+        found.refused.append((f"{path}:vo", _adapter_refusal(vlin, o[1])))
     else:
         found.groups.append(_make_group(
             path, "vo", _into_head(vlin, v_off, K, hv), _out_of_head(o[1], N, hv), 1, r, src))
@@ -462,7 +587,8 @@ def symmetry_map(model: nn.Module, pairs: Optional[Sequence[PairSpec]] = None, *
 
     Detection is structural: ``nn.MultiheadAttention``; otherwise any module with child
     projections (``nn.Linear`` or HF ``Conv1D``) playing the query/key/value roles (separate or
-    fused [Q|K|V]) and an output projection (a child, or under the parent as in BERT), with heads
+    fused [Q|K|V], each possibly wrapped by peft LoRA adapters) and an output projection (a child, or
+    under the parent as in BERT), with heads
     from module attributes / config and checked against the weight shapes.  Recognised: BERT,
     RoBERTa, ViT, DeiT, CLIP, GPT-2, Llama-style (GQA; Q/K refused for RoPE) and similar.
     A module whose class name contains "Attention" but matches nothing is listed in ``refused``.
@@ -484,11 +610,18 @@ def symmetry_map(model: nn.Module, pairs: Optional[Sequence[PairSpec]] = None, *
         for path, mod in modules.items():
             if path in found.matched:
                 continue
-            if isinstance(mod, nn.MultiheadAttention):
-                _match_mha(path, mod, found)
-                continue
             parent_path = path.rpartition(".")[0] if path else None
             parent = modules.get(parent_path) if parent_path is not None else None
+            if isinstance(mod, nn.MultiheadAttention):
+                if parent is not None and _is_adapter_wrapper(parent) and parent.base_layer is mod:
+                    why = (f"nn.MultiheadAttention wrapped by an adapter layer ({type(parent).__name__} at "
+                           f"{parent_path}): the adapters change the fused in_proj and out_proj weights, a "
+                           f"layout not supported here; its parameters stay adaptive")
+                    found.refused += [(f"{path}:qk", why), (f"{path}:vo", why)]
+                    found.matched.add(path)
+                    continue
+                _match_mha(path, mod, found)
+                continue
             _match_projections(path, mod, parent, parent_path, model_cfg, model_rotary, found)
         for path, mod in modules.items():
             if "Attention" not in type(mod).__name__ or path in found.matched:

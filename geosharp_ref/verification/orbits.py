@@ -5,6 +5,12 @@ For each scale a, every GL(h) group of the model's symmetry map gets A = a·Q·d
 same logits, the same geodesic sharpness (inv, mix) and the same norm of the horizontal Riemannian
 gradient, to round-off (float64). Adaptive sharpness is not invariant and is expected to change.
 The relative change of a quantity is |f(ψ(A, θ)) − f(θ)| / |f(θ)| (max-abs over the logits).
+
+With ``symmetries`` (bindings, e.g. declared in a spec file or found by ``find_symmetries``) the sharpness
+and gradient norms are those of the generic space that quotients them too, and every binding moves along
+its own orbit as well (``binding.random_element`` at the same scale a, acted with ``binding.act``); attention
+pairs that yield to a binding (a shared parameter) are not moved, and the output compared is the
+log-probabilities (the head's softmax translation moves the logits by a constant per example).
 """
 from __future__ import annotations
 
@@ -15,7 +21,8 @@ import warnings
 import torch
 
 from ..sharpness.loss import call_model, model_logits
-from ..sharpness.measures import adaptive_sharpness, geodesic_sharpness, gradient_dual_norm
+from ..sharpness.measures import adaptive_sharpness, generic_space, geodesic_sharpness, gradient_dual_norm, yield_to
+from ..symmetry import SymmetryMap
 from ..sharpness.space import PerturbationSpace
 from .sampling import draw_orbit_elements
 
@@ -39,27 +46,31 @@ def model_with_params(model, params):
     return m.eval()
 
 
-def riemannian_gradient_norm(model, smap, batch, metric):
+def riemannian_gradient_norm(model, smap, batch, metric, symmetries=None):
     """‖grad L‖_g at θ: the horizontal Riemannian gradient of the loss in the quotient geometry
-    (GL(h) pairs, ``metric``) plus the adaptive geometry elsewhere (as the sharpness ascent uses)."""
+    (GL(h) pairs, ``metric``; and ``symmetries`` on the generic path) plus the adaptive geometry elsewhere
+    (as the sharpness ascent uses)."""
     params = {n: p.detach() for n, p in model.named_parameters()}
-    space = PerturbationSpace(params, smap.groups, smap.adaptive_masks, metric=metric)
+    space = (PerturbationSpace(params, smap.groups, smap.adaptive_masks, metric=metric) if symmetries is None
+             else generic_space(params, smap, metric, symmetries))
     return gradient_dual_norm(model, space, batch)
 
 
-def orbit_quantities(model, smap, batch, rho, iters, seed):
+def orbit_quantities(model, smap, batch, rho, iters, seed, symmetries=None):
     """``{quantity: value}`` for :data:`QUANTITIES` at the model's weights (float64 sharpness)."""
     inputs, _ = batch
     with torch.no_grad():
         out = model_logits(call_model(model, {n: p.detach() for n, p in model.named_parameters()}, inputs))
+    if symmetries:  # the head's softmax translation moves the logits, not the probabilities
+        out = torch.log_softmax(out, dim=-1)
     kw = dict(n_iter=iters, seed=seed, dtype=torch.float64)
     vals = {"output": out}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=NO_GROUPS_WARNING)
         for metric in ("inv", "mix"):
-            vals[f"geodesic-{metric}"] = geodesic_sharpness(model, [batch], rho, metric=metric,
-                                                            symmetry_map=smap, **kw).mean
-            vals[f"grad-{metric}"] = riemannian_gradient_norm(model, smap, batch, metric)
+            vals[f"geodesic-{metric}"] = geodesic_sharpness(model, [batch], rho, metric=metric, symmetry_map=smap,
+                                                            symmetries=symmetries, **kw).mean
+            vals[f"grad-{metric}"] = riemannian_gradient_norm(model, smap, batch, metric, symmetries)
     vals["adaptive"] = adaptive_sharpness(model, [batch], rho, **kw).mean
     return vals
 
@@ -76,18 +87,24 @@ def relative_change(a, b) -> float:
     return num / den if den > 0 else math.inf
 
 
-def orbit_invariance(model64, smap, batch, rho, scales, iters=5, seed=0) -> dict:
+def orbit_invariance(model64, smap, batch, rho, scales, iters=5, seed=0, symmetries=None) -> dict:
     """Move a float64 model along its orbits (one draw per scale) and measure relative changes.
 
     Returns ``{"base": quantities at θ, "rows": [(a, {quantity: relative change})], "worst": {quantity:
     max change}, "failed": invariant quantities that changed by more than INVARIANCE_TOL}``."""
     params = {n: p.detach() for n, p in model64.named_parameters()}
-    base = orbit_quantities(model64, smap, batch, rho, iters, seed)
+    base = orbit_quantities(model64, smap, batch, rho, iters, seed, symmetries)
+    moving = smap
+    if symmetries:
+        covered = {n: b.key for b in symmetries for n in b.param_names}
+        moving = SymmetryMap(yield_to(smap, covered)[0], smap.param_shapes, smap.refused)
     gen = torch.Generator().manual_seed(seed)
     rows, worst = [], {c: 0.0 for c in QUANTITIES}
-    for a in scales:
-        moved = model_with_params(model64, smap.act(params, draw_orbit_elements(smap, a, gen)))
-        vals = orbit_quantities(moved, smap, batch, rho, iters, seed)
+    for k, a in enumerate(scales):
+        moved = moving.act(params, draw_orbit_elements(moving, a, gen))
+        for j, b in enumerate(symmetries or ()):
+            moved = b.act(moved, b.random_element(moved, scale=a, seed=seed + 1000 * k + j))
+        vals = orbit_quantities(model_with_params(model64, moved), smap, batch, rho, iters, seed, symmetries)
         rel = {c: relative_change(base[c], vals[c]) for c in QUANTITIES}
         for c in QUANTITIES:
             worst[c] = max(worst[c], rel[c])

@@ -117,7 +117,7 @@ def test_batch_larger_than_the_data(saved, capsys):
 def test_unknown_metric(saved, capsys):
     argv = _evaluate(saved, saved / "bert.pt")
     argv[argv.index("--metric") + 1] = "riemann"
-    assert "invalid choice: 'riemann'" in _run(capsys, argv)
+    assert "unknown --metric 'riemann': choose adaptive, inv or mix, or name a metric of a spec file" in _run(capsys, argv)
 
 
 def test_unknown_spec_file(tmp_path, capsys):
