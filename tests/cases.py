@@ -84,6 +84,21 @@ def bert(initializer_range=None, attn_implementation="eager", **overrides):
     return T.BertForSequenceClassification(T.BertConfig(**_config(initializer_range, attn_implementation, **kw)))
 
 
+def lora(model, targets=("query", "value"), r=2, seed=0):
+    """``model`` with a peft LoRA adapter (rank r, alpha 2r) on the modules named ``targets``, lora_B drawn
+    N(0, 0.5) (peft starts it at 0; after training it is not) under ``seed``. Returns the PeftModel
+    (float32, eval); peft must be installed (tests ``pytest.importorskip("peft")`` first)."""
+    import peft
+
+    m = peft.get_peft_model(model, peft.LoraConfig(r=r, lora_alpha=2 * r, target_modules=list(targets)))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if "lora_B" in n:
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+    return m.eval()
+
+
 def bert_classifier(seed=0):
     """A wider BERT classifier (MNLI-like: 3 labels; width 32, 4 heads, vocabulary 60), eager, eval mode:
     what the Hugging Face loader and import tests save in both weight formats."""

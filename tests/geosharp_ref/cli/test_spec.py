@@ -8,12 +8,18 @@ import sys
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from geosharp_ref.cli import main
 from geosharp_ref.io.models import load_model
 from geosharp_ref.kernels import load_kernels
-from geosharp_ref.sharpness import geodesic_sharpness
+from geosharp_ref.sharpness import adaptive_sharpness, geodesic_sharpness
+from geosharp_ref.sharpness.measures import yield_to
+from geosharp_ref.symmetry import SymmetryMap, symmetry_map
 from geosharp_ref.symmetry.declared import declared_bindings
+from geosharp_ref.verification.orbits import model_with_params
+from geosharp_ref.verification.sampling import draw_orbit_elements
 from tests import cases
 from tests.cases import ROOT
 
@@ -24,17 +30,12 @@ SPEC = ROOT / "examples" / "lora_spec.py"
 def lora_dir(tmp_path_factory):
     """base/ (a tiny BERT classifier), adapter/ (peft LoRA r = 2 on query and intermediate.dense, B random),
     data.pt (8 examples) and kernels/lora_hybrid.py (`geosharp derive --spec examples/lora_spec.py`)."""
-    peft = pytest.importorskip("peft")
+    pytest.importorskip("peft")
     root = tmp_path_factory.mktemp("lora")
     torch.manual_seed(0)
     base = cases.bert(initializer_range=cases.IR, attn_implementation=None)
     base.save_pretrained(root / "base")
-    model = peft.get_peft_model(base, peft.LoraConfig(r=2, lora_alpha=4,
-                                                      target_modules=["query", "intermediate.dense"]))
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0.0, 0.5)
+    model = cases.lora(base, targets=("query", "intermediate.dense"))
     model.save_pretrained(root / "adapter")
     cfg = json.loads((root / "adapter" / "adapter_config.json").read_text())
     assert cfg["base_model_name_or_path"] in (str(root / "base"), None, "")
@@ -159,3 +160,30 @@ def test_bad_metric_options(lora_dir, capsys, argv, message):
     rc = main(["evaluate", str(lora_dir / "adapter"), "--data", str(lora_dir / "data.pt"), "--rho", "0.05"] + argv)
     err = capsys.readouterr().err
     assert rc == 2 and pytest.importorskip("re").search(message, err), err
+
+
+@settings(deadline=None, max_examples=4)
+@given(scale=st.floats(1e-2, 1e2), seed=st.integers(0, 1000))
+def test_sharpness_with_the_declared_lora_geometry_is_invariant(lora_dir, scale, seed):
+    """The user spec on the tiny peft model: LoRA GL(r) (hybrid metric, 4 adapters) and the V/O pairs quotiented;
+    moving along both orbits at a random scale leaves geodesic sharpness unchanged, adaptive sharpness not."""
+    model = load_model(lora_dir / "adapter").to(torch.float64)
+    K = load_kernels(lora_dir / "kernels" / "lora_hybrid.py")
+    lora = declared_bindings(model, K, K.BINDINGS)
+    smap = symmetry_map(model)
+    kept, _, yielded = yield_to(smap, {n: b.key for b in lora for n in b.param_names})
+    assert len(kept) == 2 and len(yielded) == 2
+    moving = SymmetryMap(kept, smap.param_shapes, smap.refused)
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    moved = moving.act(params, draw_orbit_elements(moving, scale, torch.Generator().manual_seed(seed)))
+    for i, b in enumerate(lora):
+        moved = b.act(moved, b.random_element(moved, scale=scale, seed=seed + i))
+    m2 = model_with_params(model, moved)
+    d = torch.load(lora_dir / "data.pt", weights_only=True)
+    batch = ({"input_ids": d["inputs"]["input_ids"][:4]}, d["targets"][:4])
+    kw = dict(n_iter=4, dtype=torch.float64)
+    s0, s1 = (geodesic_sharpness(m, [batch], 0.05, symmetries=declared_bindings(m, K, K.BINDINGS), **kw).mean
+              for m in (model, m2))
+    assert s0 > 0 and s1 == pytest.approx(s0, rel=1e-8)
+    a0, a1 = (adaptive_sharpness(m, [batch], 0.05, **kw).mean for m in (model, m2))
+    assert abs(a1 - a0) > 1e-3 * a0

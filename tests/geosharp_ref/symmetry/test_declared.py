@@ -33,22 +33,6 @@ def bert():
     return model, batch
 
 
-@pytest.fixture(scope="module")
-def lora_bert():
-    peft = pytest.importorskip("peft")
-    torch.manual_seed(0)
-    model = peft.get_peft_model(cases.bert(initializer_range=cases.IR),
-                                peft.LoraConfig(r=2, lora_alpha=4, target_modules=["query", "value"]))
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0.0, 0.5)
-    model = model.to(torch.float64).eval()
-    batch = ({"input_ids": torch.randint(3, 50, (3, 6), generator=torch.Generator().manual_seed(1))},
-             torch.tensor([0, 1, 2]))
-    return model, batch
-
-
 def test_declared_attention_pairs_cut_the_blocks_symmetry_map_cuts(bert):
     """Head slicing, transposes and bias rows: the same blocks as the detector's PairGroup, exactly."""
     model, _ = bert
