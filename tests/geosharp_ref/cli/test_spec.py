@@ -3,6 +3,7 @@ with the hybrid metric, bound by its BINDINGS) reaches the whole-model evaluator
 beside the attention GL(h) pairs; the CLI equals the library; bad spec files write nothing."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -187,3 +188,19 @@ def test_sharpness_with_the_declared_lora_geometry_is_invariant(lora_dir, scale,
     assert s0 > 0 and s1 == pytest.approx(s0, rel=1e-8)
     a0, a1 = (adaptive_sharpness(m, [batch], 0.05, **kw).mean for m in (model, m2))
     assert abs(a1 - a0) > 1e-3 * a0
+
+
+def test_an_adapter_whose_base_is_not_local_is_refused(lora_dir, tmp_path, capsys):
+    """peft writes the hub name or path it was given; geosharp never downloads: a clear error, exit 2."""
+    adapter = tmp_path / "adapter"
+    shutil.copytree(lora_dir / "adapter", adapter)
+    cfg = json.loads((adapter / "adapter_config.json").read_text())
+    cfg["base_model_name_or_path"] = "bert-base-uncased"
+    (adapter / "adapter_config.json").write_text(json.dumps(cfg))
+    rc = main(["symmetries", str(adapter)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "is a peft adapter whose base model 'bert-base-uncased' is not a local model directory" in err
+    cfg["base_model_name_or_path"] = "../base"  # relative to the adapter directory
+    shutil.copytree(lora_dir / "base", tmp_path / "base")
+    (adapter / "adapter_config.json").write_text(json.dumps(cfg))
+    assert main(["symmetries", str(adapter)]) == 0
