@@ -66,8 +66,9 @@ def spec_module(spec, metric):
     decl = getattr(module, "BINDINGS", None)
     if decl is None:
         raise ValueError(f"{spec} declares no BINDINGS for {name!r}: add BINDINGS = {{{name!r}: [{{block: "
-                         f"'parameter-name pattern', ...}}]}} naming the parameters of its blocks "
-                         f"{list(module.BLOCKS)} (README: 'Your own symmetry on a model')")
+                         f"'parameter-name pattern', ...}}]}} to the spec file, naming the parameters of its blocks "
+                         f"{list(module.BLOCKS)} (then re-run `geosharp derive --spec` if you pass the generated "
+                         f"module; README: 'Your own symmetry or metric, end to end')")
     check_declarations(module, decl, where=f"{spec}: BINDINGS[{name!r}]")
     return module, decl
 

@@ -10,7 +10,7 @@ import torch
 
 from ..io.data import load_data, split_batches
 from ..io.models import check_model_dir
-from ..sharpness.measures import adaptive_sharpness, geodesic_sharpness, rho_for_size
+from ..sharpness.measures import adaptive_sharpness, geodesic_sharpness, resolve_symmetries, rho_for_size
 from ..verification.orbits import NO_GROUPS_WARNING
 from .common import (check_positive, check_symmetry_options, describe_symmetry, load_model_with_head,
                      requested_symmetries, symmetry_map_quiet)
@@ -55,6 +55,8 @@ def run(args) -> int:
         smap = symmetry_map_quiet(model)
         describe_symmetry(smap)
         symmetries = requested_symmetries(args, spec, model, batches[0])
+        if symmetries is not None:  # "all" resolved once (the radius probes reuse it)
+            symmetries = resolve_symmetries(model, symmetries, batches[0], geodesic_metric)
         if not smap.groups and symmetries is None:
             print(f"geosharp: warning: no recognised GL(h) attention in {name}: geodesic sharpness equals "
                   f"adaptive sharpness for this model", file=sys.stderr)
@@ -102,6 +104,10 @@ def run(args) -> int:
                  examples_available=n)
         if probe is not None:
             d["probe"] = probe
+        if spec is not None:
+            d.update(spec=str(Path(args.spec).resolve()), spec_metric=args.metric)
+        if symmetries is not None:
+            d["all_symmetries"] = bool(args.all_symmetries)
         if smap is not None:
             d["refused"] = [list(r) for r in smap.refused]
         out.write_text(json.dumps(d, indent=2) + "\n")

@@ -116,7 +116,10 @@ def _symmetry_options(p, verify=False):
     if verify:
         p.add_argument("--metric", metavar="NAME", help="with --spec: the spec file's metric to verify")
     p.add_argument("--attention-metric", choices=("inv", "mix"), default="mix",
-                   help="quotient metric of the attention pairs beside --spec or --all-symmetries (default mix)")
+                   help=("the gl_<metric> kernels of the built-in ReLU-unit and LoRA bindings of --all-symmetries "
+                         "(verify measures the attention pairs with both inv and mix)" if verify else
+                         "quotient metric of the attention pairs (and of the built-in ReLU-unit and LoRA bindings) "
+                         "beside --spec or --all-symmetries (default mix; without them --metric inv|mix says it)"))
     p.add_argument("--all-symmetries", action="store_true",
                    help="also quotient every built-in symmetry that applies and passes its check (softmax "
                         "translation of the head, ReLU units, LoRA adapters, norm scaling where exact; "

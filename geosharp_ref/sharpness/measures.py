@@ -20,14 +20,15 @@ import torch
 
 from ..apgd import apgd
 from ..symmetry import SymmetryMap, symmetry_map as build_symmetry_map
-from ..symmetry.catalogue import find_symmetries
+from ..symmetry.catalogue import check_symmetry, find_symmetries
 from .loss import check_finite_batch, default_loss, model_loss, to_device
 from .factors import Factor, ProductSpace, gl_pair_factors
 from .space import PerturbationSpace
 
 __all__ = ["SharpnessResult", "relative_perturbation", "adaptive_sharpness", "geodesic_sharpness", "Measure", "MEASURES",
            "HEADLINE_MEASURES", "ABLATION_MEASURES", "LINEARISED_MEASURES", "get_measure", "prepare_inputs",
-           "gradient_dual_norm", "linearised_sharpness", "check_padding_mask", "MAX_RHO", "rho_for_size"]
+           "gradient_dual_norm", "linearised_sharpness", "check_padding_mask", "MAX_RHO", "rho_for_size",
+           "generic_space", "resolve_symmetries", "yield_to"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -191,7 +192,9 @@ def _model_space(model, batches, rho, dtype, smap, symmetries=None, **space_opti
 def resolve_symmetries(model, symmetries, batch, metric: str = "mix") -> list:
     """The list of factors/bindings ``symmetries`` stands for: ``"all"`` (or an ``"all"`` entry in a list) is
     every built-in symmetry :func:`~geosharp_ref.symmetry.catalogue.find_symmetries` binds on ``batch``,
-    less those sharing a parameter with the explicitly given ones."""
+    less those sharing a parameter with the explicitly given ones. Declared bindings not yet checked
+    (:class:`~geosharp_ref.symmetry.declared.DeclaredBinding`) are checked here on ``batch``
+    (:func:`~geosharp_ref.symmetry.catalogue.check_symmetry`: ValueError with the measured change)."""
     if isinstance(symmetries, str):
         symmetries = [symmetries]
     explicit = [s for s in symmetries if not isinstance(s, str)]
@@ -199,6 +202,9 @@ def resolve_symmetries(model, symmetries, batch, metric: str = "mix") -> list:
     if any(w != "all" for w in words):
         raise ValueError(f"unknown symmetries entry {next(w for w in words if w != 'all')!r}: give factors, bindings "
                          f"or 'all'")
+    for s in explicit:  # a declaration is used only once it is measured to be a symmetry of this model
+        if getattr(s, "checked", True) is False:
+            check_symmetry(model, s, batch)
     if not words:
         return explicit
     taken = {n for s in explicit for n in _as_factor(s, 0.0).binding.param_names}
@@ -210,7 +216,8 @@ def generic_space(params, smap, metric, symmetries, eps: float = 0.0, **options)
     """The generic :class:`ProductSpace` at ``params``: the attention pairs of ``smap`` (None: none) as
     ``gl_<metric>`` factors (``metric`` None: left adaptive), then ``symmetries`` (factors or bindings), the
     rest adaptive. Pairs that share a parameter with a given symmetry yield to it (:func:`yield_to`); the
-    space records ``pair_groups`` (the pairs kept) and ``yielded``."""
+    space records ``pair_groups`` (the pairs kept) and ``yielded``. With ``metric`` None every parameter no
+    symmetry binds is adaptive."""
     extra = [_as_factor(sym, eps) for sym in symmetries]
     covered = {}
     for f in extra:
@@ -219,7 +226,7 @@ def generic_space(params, smap, metric, symmetries, eps: float = 0.0, **options)
                 raise ValueError(f"parameter {n!r} is bound twice, by {covered[n]} and {f.binding.key}; a parameter "
                                  f"belongs to one symmetry")
             covered[n] = f.binding.key
-    groups, masks, yielded = ((), None, []) if smap is None else yield_to(smap, covered)
+    groups, masks, yielded = ((), None, []) if smap is None or not metric else yield_to(smap, covered)
     factors = (gl_pair_factors(groups, metric, eps) if metric else []) + extra
     masks = {n: m for n, m in (masks or {n: None for n in params}).items() if n not in covered}
     space = ProductSpace(params, factors, masks, **options)

@@ -86,12 +86,19 @@ class HeadTranslationBinding:
     def random_element(self, params, scale: float = 1.0, seed: int = 0):
         """a ∈ R^{d [+1]}: scale · N(0, 1) per column."""
         (w,) = self.extract(params)
-        return scale * torch.randn(w.shape[0], generator=torch.Generator().manual_seed(seed), dtype=w.dtype)
+        return scale * torch.randn(w.shape[0], generator=torch.Generator().manual_seed(seed), dtype=w.dtype).to(w.device)
 
     def act(self, params, a) -> dict:
         """ψ(a, θ): column j of the head gains a_j · 1 (a of shape (d [+1],))."""
         (w,) = self.extract(params)
         return self.insert(params, (w + a[:, None, None],))
+
+
+def _float64_inputs(inputs):
+    """Floating-point input tensors (a tensor or a dict of them) in float64, for the float64 copy."""
+    def cast(x):
+        return x.to(torch.float64) if torch.is_tensor(x) and x.is_floating_point() else x
+    return {k: cast(v) for k, v in inputs.items()} if isinstance(inputs, dict) else cast(inputs)
 
 
 def check_binding(model, binding, batch, output, elements, tol: float = 1e-10) -> float:
@@ -100,7 +107,7 @@ def check_binding(model, binding, batch, output, elements, tol: float = 1e-10) -
     the measured change). Returns the largest change."""
     m = copy.deepcopy(model).to(torch.float64).eval()
     params = {n: p.detach() for n, p in m.named_parameters()}
-    inputs = batch[0]
+    inputs = _float64_inputs(batch[0])
 
     def run(p):
         with torch.no_grad():
@@ -147,7 +154,8 @@ class ReLUUnitsBinding:
     def random_element(self, params, scale: float = 1.0, seed: int = 0):
         """a ∈ R^U_{>0}: scale · exp(N(0, 1)) per unit (the positive scalars, not all of GL(1))."""
         G, _ = self.extract(params)
-        return scale * torch.exp(torch.randn(G.shape[0], generator=torch.Generator().manual_seed(seed), dtype=G.dtype))
+        return scale * torch.exp(torch.randn(G.shape[0], generator=torch.Generator().manual_seed(seed),
+                                             dtype=G.dtype)).to(G.device)
 
     def act(self, params, a) -> dict:
         """Unit j scaled by a_j > 0: incoming row times a_j, outgoing column divided by a_j."""
@@ -176,7 +184,7 @@ class LoRABinding:
         """R = scale · (an r × r matrix with singular values in [1, 4])."""
         G, _ = self.extract(params)
         r = G.shape[-1]
-        return scale * well_conditioned((r, r), torch.Generator().manual_seed(seed), G.dtype)
+        return scale * well_conditioned((r, r), torch.Generator().manual_seed(seed), G.dtype).to(G.device)
 
     def act(self, params, R) -> dict:
         """(B R, R⁻¹ A) for R (r, r) invertible."""
@@ -239,7 +247,7 @@ class NormScalingBinding:
     def random_element(self, params, scale: float = 1.0, seed: int = 0):
         """a = scale · exp(N(0, 1)) > 0, shape (1,)."""
         (w,) = self.extract(params)
-        return scale * torch.exp(torch.randn(1, generator=torch.Generator().manual_seed(seed), dtype=w.dtype))
+        return scale * torch.exp(torch.randn(1, generator=torch.Generator().manual_seed(seed), dtype=w.dtype)).to(w.device)
 
     def act(self, params, a) -> dict:
         """ψ(a, θ): every bound parameter times a > 0 (``a``: a number or a tensor of shape (1,)), by the

@@ -86,9 +86,10 @@ def _linear(m) -> bool:
 
 
 def _is_relu(act) -> bool:
-    if isinstance(act, nn.ReLU):
+    """Positively homogeneous, σ(a z) = a σ(z) for a > 0: ReLU and leaky ReLU."""
+    if isinstance(act, (nn.ReLU, nn.LeakyReLU)):
         return True
-    return getattr(act, "__name__", None) == "relu"  # torch.nn.functional.relu, torch.relu
+    return getattr(act, "__name__", None) in ("relu", "leaky_relu")  # torch.nn.functional.relu, torch.relu
 
 
 def _mlp_candidates(model):
@@ -133,7 +134,10 @@ def check_symmetry(model, binding, batch, seed: int = 0, params64=None) -> float
     if params64 is None:
         params64 = {n: p.detach().to(torch.float64) for n, p in model.named_parameters()}
     elements = [binding.random_element(params64, scale=a, seed=seed + i) for i, a in enumerate(CHECK_SCALES)]
-    return check_binding(model, binding, batch, log_probabilities, elements, tol=CHECK_TOL)
+    worst = check_binding(model, binding, batch, log_probabilities, elements, tol=CHECK_TOL)
+    if hasattr(binding, "checked"):
+        binding.checked = True
+    return worst
 
 
 def find_symmetries(model, batch, *, metric: str = "mix", seed: int = 0) -> SymmetryReport:
@@ -177,8 +181,9 @@ def find_symmetries(model, batch, *, metric: str = "mix", seed: int = 0) -> Symm
             report.entries.append((key, "ReLU units", "refused", "the MLP's layers are not plain nn.Linear (an "
                                                                  "adapter wraps them?)"))
         elif not _is_relu(act):
-            report.entries.append((key, "ReLU units", "refused", f"activation {type(act).__name__ if isinstance(act, nn.Module) else getattr(act, '__name__', act)} is not ReLU: "
-                                                                 f"no positive-scaling symmetry"))
+            what = type(act).__name__ if isinstance(act, nn.Module) else getattr(act, "__name__", act)
+            report.entries.append((key, "ReLU units", "refused", f"activation {what} is not ReLU (not positively "
+                                                                 f"homogeneous): no unit-scaling symmetry"))
         else:
             consider(ReLUUnitsBinding(f"{n1}.weight", f"{n2}.weight", f"{n1}.bias" if l1.bias is not None else None,
                                       metric=metric), "ReLU units")

@@ -14,7 +14,8 @@ model's parameters in ``BINDINGS`` — plain data, copied into the generated mod
 A block is a parameter-name pattern, or a dict with
 
 =============  ===================================================================================
-``param``      the pattern (required). ``{name}`` matches one or more characters; the rest is literal
+``param``      the pattern (required). ``{name}`` matches one name segment (no dot), or, at the very start
+               of the pattern, a whole module path (``{adapter}.lora_B…``); the rest is literal
 ``transpose``  swap the last two axes: an ``nn.Linear`` weight (out, in) becomes (in, out)
 ``bias``       pattern of a vector appended as one more row, after the transpose: (n, k) → (n + 1, k)
 ``heads``      k: cut the last axis into k equal heads, (n, k·h) → (k, n, h), one group per head
@@ -95,6 +96,11 @@ def check_declarations(module, declarations, where: str = "BINDINGS") -> list:
             if "bias" in e and not isinstance(e["bias"], str):
                 raise ValueError(f"{at}[{b!r}]['bias'] must be a parameter-name pattern, got {e['bias']!r}")
             entries[b] = e
+        for b, e in entries.items():
+            for pat in (e["param"], e.get("bias")):
+                if pat and ("{" in _PLACEHOLDER.sub("", pat) or "}" in _PLACEHOLDER.sub("", pat)):
+                    raise ValueError(f"{at}[{b!r}]: {pat!r} has braces that are no placeholder; a placeholder is "
+                                     f"{{name}} (letters, digits, underscores)")
         first = set(_PLACEHOLDER.findall(entries[blocks[0]]["param"]))
         for b, e in entries.items():
             for pat in (e["param"], e.get("bias")):
@@ -111,11 +117,13 @@ def check_declarations(module, declarations, where: str = "BINDINGS") -> list:
 
 
 def _pattern_regex(pattern: str) -> re.Pattern:
+    """``{name}``: one dotted segment ``[^.]+``; at the start of the pattern a module path ``.+?``."""
     parts, last, seen = [], 0, set()
     for m in _PLACEHOLDER.finditer(pattern):
         parts.append(re.escape(pattern[last:m.start()]))
         name = m.group(1)
-        parts.append(f"(?P={name})" if name in seen else f"(?P<{name}>.+?)")
+        span = ".+?" if m.start() == 0 else "[^.]+"
+        parts.append(f"(?P={name})" if name in seen else f"(?P<{name}>{span})")
         seen.add(name)
         last = m.end()
     parts.append(re.escape(pattern[last:]))
@@ -129,6 +137,7 @@ class DeclaredBinding:
 
     def __init__(self, kernels, entries: dict, key: str):
         self.kernels, self.entries, self.key = kernels, entries, key
+        self.checked = False  # set by geosharp_ref.symmetry.catalogue.check_symmetry
         names = []
         for e in entries.values():
             names += [e["param"]] + ([e["bias"]] if e.get("bias") else [])
@@ -166,7 +175,9 @@ class DeclaredBinding:
 
     def random_element(self, params, scale: float = 1.0, seed: int = 0):
         """A random element of the declared group for these blocks (well-conditioned, times ``scale``)."""
-        return sample_group_element(self.kernels, self.extract(params), seed=seed, scale=scale)
+        blocks = self.extract(params)
+        return sample_group_element(self.kernels, tuple(b.cpu() for b in blocks), seed=seed,
+                                    scale=scale).to(blocks[0].device)
 
 
 def _check_shapes(module, binding, params, at):
@@ -178,9 +189,10 @@ def _check_shapes(module, binding, params, at):
         for d, size in zip(dims, X.shape[-2:]):
             want = int(d) if d.isdigit() else sizes.setdefault(d, size)
             if size != want:
+                why = (f"its axis {d!r} must have size {want}" if d.isdigit() else
+                       f"{d} = {want} (from the other blocks)")
                 raise ValueError(f"{at}: block {b!r} has shape {tuple(X.shape[-2:])} per group but the geometry "
-                                 f"needs {tuple(dims)} with {d} = {want} (from the other blocks); check 'transpose' "
-                                 f"and 'heads'")
+                                 f"needs {tuple(dims)}: {why}; check 'transpose' and 'heads'")
 
 
 def declared_bindings(model_or_params, module, declarations, where: str = "BINDINGS") -> list:
@@ -191,7 +203,8 @@ def declared_bindings(model_or_params, module, declarations, where: str = "BINDI
               else dict(model_or_params))
     names = list(params)
     found, owner = [], {}
-    for i, entries in enumerate(check_declarations(module, declarations, where)):
+    checked = check_declarations(module, declarations, where)
+    for i, entries in enumerate(checked):
         at = f"{where}[{i}]"
         first = entries[module.BLOCKS[0]]
         rx = _pattern_regex(first["param"])
@@ -206,7 +219,7 @@ def declared_bindings(model_or_params, module, declarations, where: str = "BINDI
                 f = dict(e)
                 for key in ("param", "bias"):
                     if f.get(key):
-                        f[key] = f[key].format(**values)
+                        f[key] = _PLACEHOLDER.sub(lambda m, v=values: v[m.group(1)], f[key])
                         if f[key] not in params:
                             raise ValueError(f"{at}[{b!r}]: {f[key]!r} (from the match {name!r}) is not a parameter "
                                              f"of the model")
@@ -222,7 +235,8 @@ def declared_bindings(model_or_params, module, declarations, where: str = "BINDI
                     raise ValueError(f"{at}[{b!r}]: {width} columns do not split into {f['heads']} heads")
                 filled[b] = f
             label = ",".join(f"{k}={v}" for k, v in values.items()) or name
-            binding = DeclaredBinding(module, filled, f"{kernel_name(module)}:{label}")
+            entry = f"[{i}]" if len(checked) > 1 else ""
+            binding = DeclaredBinding(module, filled, f"{kernel_name(module)}{entry}:{label}")
             _check_shapes(module, binding, params, f"{at} ({label})")
             for n in binding.param_names:
                 if n in owner:

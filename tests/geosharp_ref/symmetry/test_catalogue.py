@@ -93,3 +93,27 @@ def test_all_symmetries_equal_the_same_bindings_given_by_hand(relu_bert):
     assert auto.per_batch == hand.per_batch
     with pytest.raises(ValueError, match="unknown symmetries entry 'everything'"):
         geodesic_sharpness(relu_bert, [batch], 0.05, symmetries="everything", **kw)
+
+
+@pytest.mark.parametrize("activation, bound", [(torch.nn.ReLU, True), (torch.nn.LeakyReLU, True),
+                                               (torch.nn.Tanh, False)])
+def test_a_plain_mlp_with_float32_inputs(activation, bound):
+    """A float32 nn.Sequential (its inputs float32 too): the float64 checks cast the inputs; positively
+    homogeneous activations (ReLU, leaky ReLU) give unit scaling, tanh does not."""
+    torch.manual_seed(0)
+    model = cases.mlp(activation)
+    batch = (torch.randn(5, 4), torch.tensor([0, 1, 2, 0, 1]))
+    report = find_symmetries(model, batch)
+    units = [s for _, k, s, _ in report.entries if k == "ReLU units"]
+    assert units == (["bound"] if bound else ["refused"])
+    s0 = geodesic_sharpness(model, [batch], 0.05, n_iter=3, symmetries="all", dtype=torch.float64)
+    assert s0.config["factors"] == [b.key for b in report.bindings]
+
+
+def test_without_a_pair_metric_every_unbound_parameter_is_adaptive(relu_bert):
+    from geosharp_ref.sharpness.measures import generic_space
+    params = {n: p.detach() for n, p in relu_bert.named_parameters()}
+    report = find_symmetries(relu_bert, _batch())
+    head = [b for b in report.bindings if b.key.endswith("translation")]
+    space = generic_space(params, report.smap, None, head)
+    assert set(space.adaptive_names) == set(params) - set(head[0].param_names) and space.pair_groups == []

@@ -109,7 +109,7 @@ def test_bad_declarations_are_refused_before_any_model(decl, message):
     ({**QK, "H": {**QK["H"], "param": "bert.encoder.layer.{i}.attention.self.kez.weight"}},
      r"'bert.encoder.layer.0.attention.self.kez.weight' \(from the match .*\) is not a parameter"),
     ({**QK, "H": {"param": "bert.encoder.layer.{i}.intermediate.dense.weight", "transpose": True, "heads": 2}},
-     r"block 'H' has shape \(16, 16\) per group but the geometry needs \('m', 'h'\) with h = 8"),
+     r"block 'H' has shape \(16, 16\) per group but the geometry needs \('m', 'h'\): h = 8 \(from the other"),
     ({**QK, "G": {**QK["G"], "param": "bert.encoder.layer.{i}.attention.self.query.bias", "bias": None}},
      r"has shape \(16,\); a block is cut from a matrix"),
     ({**QK, "H": {**QK["H"], "heads": 3}, "G": {**QK["G"], "heads": 3}}, r"do not split into 3 heads"),
@@ -124,5 +124,44 @@ def test_bad_bindings_on_a_model_say_what_is_wrong(bert, decl, message):
 
 def test_a_parameter_bound_twice_is_refused(bert):
     model, _ = bert
-    with pytest.raises(ValueError, match=r"is bound twice, by gl_mix:i=0 and gl_mix:i=0; a parameter belongs"):
+    with pytest.raises(ValueError, match=r"is bound twice, by gl_mix\[0\]:i=0 and gl_mix\[1\]:i=0; a parameter belongs"):
         declared_bindings(model, GL_MIX, [QK, QK])
+
+
+def test_an_inner_placeholder_matches_one_name_segment(bert):
+    """`{i}` inside a pattern is one segment: the MLP's output.dense pattern does not also match the attention's
+    attention.output.dense (which would capture i = '0.attention')."""
+    model, _ = bert
+    decl = {"G": {"param": "bert.encoder.layer.{i}.output.dense.weight"},
+            "H": {"param": "bert.encoder.layer.{i}.intermediate.dense.weight", "transpose": True}}
+    found = declared_bindings(model, GL_MIX, [decl])
+    assert [b.key for b in found] == ["gl_mix:i=0", "gl_mix:i=1"]
+
+
+def test_keys_name_the_entry_when_there_are_several(bert):
+    model, _ = bert
+    one = {"G": QK["G"], "H": QK["H"]}
+    two = {"G": {**QK["G"], "param": QK["G"]["param"].replace("query", "value"),
+                 "bias": QK["G"]["bias"].replace("query", "value")},
+           "H": {"param": "bert.encoder.layer.{i}.attention.output.dense.weight", "heads": 2}}
+    keys = [b.key for b in declared_bindings(model, GL_MIX, [one, two])]
+    assert keys == ["gl_mix[0]:i=0", "gl_mix[0]:i=1", "gl_mix[1]:i=0", "gl_mix[1]:i=1"]
+
+
+def test_stray_braces_are_refused():
+    with pytest.raises(ValueError, match=r"has braces that are no placeholder"):
+        check_declarations(GL_MIX, [{"G": "layer.{0}.w", "H": "x"}])
+
+
+def test_geodesic_sharpness_checks_a_declared_binding_before_using_it(bert):
+    """Q/K declared without `transpose` on square weights: the shapes fit, the action is no symmetry, and the
+    evaluator refuses it with the measured change instead of quotienting it."""
+    from geosharp_ref.sharpness import geodesic_sharpness
+    model, batch = bert
+    wrong = {b: {k: v for k, v in e.items() if k not in ("transpose", "bias")} for b, e in QK.items()}
+    found = declared_bindings(model, GL_MIX, [wrong])
+    with pytest.raises(ValueError, match=r"not a symmetry of this model: acting on it changed the output by"):
+        geodesic_sharpness(model, [batch], 0.05, n_iter=1, symmetries=found)
+    good = declared_bindings(model, GL_MIX, [QK])
+    assert geodesic_sharpness(model, [batch], 0.05, n_iter=1, symmetries=good).mean > 0
+    assert all(b.checked for b in good)
