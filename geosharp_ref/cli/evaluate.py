@@ -56,7 +56,7 @@ def run(args) -> int:
         describe_symmetry(smap)
         symmetries = requested_symmetries(args, spec, model, batches[0])
         if symmetries is not None:  # "all" resolved once (the radius probes reuse it)
-            symmetries = resolve_symmetries(model, symmetries, batches[0], geodesic_metric)
+            symmetries = resolve_symmetries(model, symmetries, batches[0], geodesic_metric, smap)
         if not smap.groups and symmetries is None:
             print(f"geosharp: warning: no recognised GL(h) attention in {name}: geodesic sharpness equals "
                   f"adaptive sharpness for this model", file=sys.stderr)

@@ -181,7 +181,7 @@ def _model_space(model, batches, rho, dtype, smap, symmetries=None, **space_opti
     if unsupported:
         raise ValueError(f"the generic path (symmetries=…) does not offer {unsupported} yet; drop the option or "
                          f"the symmetries")
-    symmetries = resolve_symmetries(model, symmetries, batches[0], space_options.get("metric") or "mix")
+    symmetries = resolve_symmetries(model, symmetries, batches[0], space_options.get("metric") or "mix", smap)
     space = generic_space(params, smap, space_options.get("metric"), symmetries, eps=space_options.get("eps", 0.0),
                           geodesic_correction=space_options.get("geodesic_correction", True),
                           adaptive_offset=space_options.get("adaptive_offset", 0.0),
@@ -189,7 +189,7 @@ def _model_space(model, batches, rho, dtype, smap, symmetries=None, **space_opti
     return model, params, batches, dtype, space.pair_groups, space
 
 
-def resolve_symmetries(model, symmetries, batch, metric: str = "mix") -> list:
+def resolve_symmetries(model, symmetries, batch, metric: str = "mix", smap=None) -> list:
     """The list of factors/bindings ``symmetries`` stands for: ``"all"`` (or an ``"all"`` entry in a list) is
     every built-in symmetry :func:`~geosharp_ref.symmetry.catalogue.find_symmetries` binds on ``batch``,
     less those sharing a parameter with the explicitly given ones. Declared bindings not yet checked
@@ -208,7 +208,7 @@ def resolve_symmetries(model, symmetries, batch, metric: str = "mix") -> list:
     if not words:
         return explicit
     taken = {n for s in explicit for n in _as_factor(s, 0.0).binding.param_names}
-    found = find_symmetries(model, batch, metric=metric).bindings
+    found = find_symmetries(model, batch, metric=metric, smap=smap).bindings
     return explicit + [b for b in found if not taken.intersection(b.param_names)]
 
 

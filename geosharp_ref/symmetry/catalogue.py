@@ -140,13 +140,15 @@ def check_symmetry(model, binding, batch, seed: int = 0, params64=None) -> float
     return worst
 
 
-def find_symmetries(model, batch, *, metric: str = "mix", seed: int = 0) -> SymmetryReport:
+def find_symmetries(model, batch, *, metric: str = "mix", seed: int = 0, smap=None) -> SymmetryReport:
     """Find, check and bind every built-in symmetry of ``model`` (see the module doc) on ``batch``
     (``(inputs, targets)``; the inputs are what the checks run). ``metric`` (``inv``/``mix``) is the quotient
-    metric of the GL(1)/GL(r) bindings (ReLU units, LoRA). Returns a :class:`SymmetryReport`."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="symmetry_map: no GL")
-        smap = symmetry_map(model)
+    metric of the GL(1)/GL(r) bindings (ReLU units, LoRA); ``smap``: the attention pairs to give precedence
+    (default: :func:`~.detect.symmetry_map` of the model). Returns a :class:`SymmetryReport`."""
+    if smap is None:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="symmetry_map: no GL")
+            smap = symmetry_map(model)
     params64 = {n: p.detach().to(torch.float64) for n, p in model.named_parameters()}
     taken = {n: g.key for g in smap.groups for n in g.param_names}
     report = SymmetryReport(smap)
