@@ -144,14 +144,20 @@ def _add_verify(sub):
                        epilog=DATA_FORMAT + "\nWithout --data a random batch that fits the model is used.",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model_dir", metavar="MODEL_DIR", help="local Hugging Face-format model directory")
-    p.add_argument("--data", metavar="FILE", help="data file (format below); its first --batch-size examples")
+    _check_batch_options(p)
     p.add_argument("--rho", type=float, default=0.05, metavar="R", help="radius (default 0.05)")
     p.add_argument("--scales", default="0.01,1,100", help="comma-separated scales a (default 0.01,1,100)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--iters", type=int, default=5, metavar="K", help="Auto-PGD iterations (default 5)")
-    p.add_argument("--batch-size", type=int, default=4, metavar="B", help="examples in the batch (default 4)")
     _symmetry_options(p, verify=True)
     _num_labels_option(p)
+
+
+def _check_batch_options(p):
+    """The batch the float64 checks run (verify, symmetries): --data, --batch-size, --seed."""
+    p.add_argument("--data", metavar="FILE", help="data file (format below); its first --batch-size examples "
+                                                  "(default: a random batch that fits the model)")
+    p.add_argument("--batch-size", type=int, default=4, metavar="B", help="examples in the batch (default 4)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
 
 
 def _add_symmetries(sub):
@@ -164,10 +170,7 @@ def _add_symmetries(sub):
                                    "(softmax translation of the head, ReLU units, LoRA adapters, norm scaling) "
                                    "bound or refused after its float64 check, with the measured change.")
     p.add_argument("model_dir", metavar="MODEL_DIR", help="local Hugging Face-format model directory")
-    p.add_argument("--data", metavar="FILE", help="data file whose first --batch-size examples run the checks "
-                                                  "(default: a random batch that fits the model)")
-    p.add_argument("--batch-size", type=int, default=4, metavar="B", help="examples the checks run (default 4)")
-    p.add_argument("--seed", type=int, default=0, help="random seed of the checks (default 0)")
+    _check_batch_options(p)
     p.add_argument("--spec", metavar="FILE.py", help="also bind and check the symmetries a spec file declares")
     p.add_argument("--metric", metavar="NAME", help="with --spec: only this metric of the spec file")
     _num_labels_option(p)

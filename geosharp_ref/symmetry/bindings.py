@@ -227,6 +227,7 @@ class NormScalingBinding:
         if not self.param_names or not self.norm_names:
             raise ValueError("NormScalingBinding needs at least one parameter and one norm")
         self.key = f"{self.norm_names[0]}:norm-scaling"
+        self.measured_change = None  # set when norm_scaling_bindings accepts it
 
     def extract(self, params) -> tuple:
         return (torch.cat([params[n].reshape(-1) for n in self.param_names])[None, :, None],)  # (1, N, 1)
@@ -455,6 +456,7 @@ def norm_scaling_bindings(model, batch, output, tol: float = 1e-10, elements=NOR
         eps = {n: _norm_eps(modules[n]) for n in b.norm_names}
         nonzero = {n: e for n, e in eps.items() if e != 0}
         if change <= tol and not nonzero:
+            b.measured_change = change
             bindings.append(b)
             continue
         head = f"acting with a ∈ {shown} changed the output by {change:.3g} (relative, float64; tolerance {tol:g})"

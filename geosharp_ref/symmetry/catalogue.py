@@ -153,14 +153,16 @@ def find_symmetries(model, batch, *, metric: str = "mix", seed: int = 0, smap=No
     taken = {n: g.key for g in smap.groups for n in g.param_names}
     report = SymmetryReport(smap)
 
-    def consider(binding, kind):
+    def consider(binding, kind, worst=None):
+        """Bind ``binding`` unless a parameter is taken or its check fails (``worst``: already measured)."""
         clash = sorted({taken[n] for n in binding.param_names if n in taken})
         if clash:
             report.entries.append((binding.key, kind, "refused", f"its parameters belong to {', '.join(clash)} "
                                                                   f"(a parameter belongs to one symmetry)"))
             return
         try:
-            worst = check_symmetry(model, binding, batch, seed, params64)
+            if worst is None:
+                worst = check_symmetry(model, binding, batch, seed, params64)
         except ValueError as exc:
             report.entries.append((binding.key, kind, "refused", str(exc)))
             return
@@ -204,9 +206,9 @@ def find_symmetries(model, batch, *, metric: str = "mix", seed: int = 0, smap=No
         name = head[0]
         consider(HeadTranslationBinding(f"{name}.weight", f"{name}.bias" if head[1].bias is not None else None),
                  "softmax translation")
-    scaling, refused = norm_scaling_bindings(model, batch, log_probabilities)
-    for b in scaling:
-        consider(b, "norm scaling")
+    scaling, refused = norm_scaling_bindings(model, batch, log_probabilities, tol=CHECK_TOL, elements=CHECK_SCALES)
+    for b in scaling:  # measured by norm_scaling_bindings at CHECK_SCALES already (and eps = 0 required)
+        consider(b, "norm scaling", worst=b.measured_change)
     for key, why in refused:
         report.entries.append((key, "norm scaling", "refused", why))
     return report
