@@ -277,6 +277,9 @@ def _add_population(sub):
     e.add_argument("--calibration", action="store_true",
                    help="use the radii of DIR/calibration.json (see calibrate) instead of --rho: one grid per "
                         "measure, matched in relative weight change")
+    e.add_argument("--sizes", type=float, nargs="+", default=None, metavar="S",
+                   help="with --calibration: only the columns of these calibrated target sizes (e.g. 2e-4 for "
+                        "the ablations at the larger size)")
     e.add_argument("--tag", default="", help="name of this evaluation (separate results-TAG.jsonl, "
                                              "evaluation-TAG.json, correlation-TAG.*), e.g. for ablations")
     e.add_argument("--seed", type=int, default=0, help="Auto-PGD seed (default 0)")

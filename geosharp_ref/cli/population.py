@@ -25,9 +25,12 @@ def run(args) -> int:
         print(f"{len(gaps)} models in {args.out}; gap min {min(gaps):.3f} max {max(gaps):.3f}")
     elif args.action == "evaluate":
         rhos, sizes = args.rho, None
+        if args.sizes and not args.calibration:
+            raise ValueError("--sizes picks columns of the calibrated grid; add --calibration (or use --rho)")
         if args.calibration:
             cal = read_calibration(args.out)
-            rhos, sizes = calibrated_grid(cal, args.measures), cal["settings"]["sizes"]
+            rhos = calibrated_grid(cal, args.measures, sizes=args.sizes)
+            sizes = args.sizes or cal["settings"]["sizes"]
         with gdist.maybe_init():
             recs = evaluate_population(args.out, rhos=rhos, sizes=sizes, measures=args.measures,
                                        n_batches=args.batches, batch_size=args.batch_size, n_iter=args.iters,

@@ -14,7 +14,11 @@ matched in size:
 The result (``calibration.json``: the probes, the fit and the grid ``{measure: [ρ per size]}``) is what
 ``geosharp population evaluate --calibration`` evaluates; every record then also holds the measured median
 size, so the correlation reports how well the columns are matched across the whole population.
-First-order measures (``*-linearised``) use the radii of the measure they linearise.
+First-order measures (``*-linearised``) use the radii of the measure they linearise, and the paper's
+ablations (``geodesic-*-first-order``, ``geodesic-*-frobenius``, App. G) the radii of the measure they
+ablate, unless they were calibrated themselves: an ablation changes one ingredient at the same ρ.
+``calibrated_grid(..., sizes=…)`` keeps only some target sizes' columns (e.g. the ablations at the larger
+size alone).
 """
 from __future__ import annotations
 
@@ -34,23 +38,46 @@ from ...symmetry import symmetry_map as build_symmetry_map
 from .evaluation import MEASURES, load_population_model, rho_key, sharpness_batches
 from .manifest import read_manifest
 
-__all__ = ["calibrate_population", "read_calibration", "calibrated_grid", "CALIBRATION"]
+__all__ = ["calibrate_population", "read_calibration", "calibrated_grid", "radius_source", "CALIBRATION"]
 
 CALIBRATION = "calibration.json"
 
 
-def _base(measure: str) -> str:
-    return measure[: -len("-linearised")] if measure.endswith("-linearised") else measure
+#: suffixes of measures that take the radii of the measure they are derived from
+DERIVED_SUFFIXES = ("-linearised", "-first-order", "-frobenius")
 
 
-def calibrated_grid(calibration: dict, measures) -> dict:
-    """``{measure: [ρ per target size]}`` for ``measures`` (a first-order measure takes its base's radii)."""
+def radius_source(measure: str, grid: dict) -> str:
+    """The calibrated measure whose radii ``measure`` uses: itself if calibrated, else its base measure
+    (``geodesic-mix-frobenius`` → ``geodesic-mix``, ``adaptive-linearised`` → ``adaptive``)."""
+    if measure in grid:
+        return measure
+    for suffix in DERIVED_SUFFIXES:
+        if measure.endswith(suffix):
+            return measure[: -len(suffix)]
+    return measure
+
+
+def calibrated_grid(calibration: dict, measures, sizes=None) -> dict:
+    """``{measure: [ρ per target size]}`` for ``measures`` (a derived measure takes its base's radii).
+
+    ``sizes`` (a subset of the calibrated target sizes) keeps only those columns, in the given order."""
     grid = calibration["grid"]
-    missing = sorted({_base(m) for m in measures} - set(grid))
+    missing = sorted({radius_source(m, grid) for m in measures} - set(grid))
     if missing:
         raise ValueError(f"the calibration has no radii for {missing}; calibrate with these measures "
                          f"(geosharp population calibrate --measures …)")
-    return {m: [float(r) for r in grid[_base(m)]] for m in measures}
+    columns = range(len(calibration["settings"]["sizes"]))
+    if sizes is not None:
+        calibrated = [float(s) for s in calibration["settings"]["sizes"]]
+        columns = []
+        for s in sizes:
+            hits = [i for i, c in enumerate(calibrated) if math.isclose(float(s), c, rel_tol=1e-9)]
+            if not hits:
+                raise ValueError(f"size {s:g} was not calibrated; choose from "
+                                 f"{', '.join(f'{c:g}' for c in calibrated)}")
+            columns.append(hits[0])
+    return {m: [float(grid[radius_source(m, grid)][i]) for i in columns] for m in measures}
 
 
 def read_calibration(out) -> dict:

@@ -54,9 +54,47 @@ def _adaptive_counterpart(measure: str):
     return "adaptive-linearised" if measure.endswith("-linearised") else "adaptive"
 
 
+ABLATION_SUFFIXES = ("-first-order", "-frobenius")
+
+
+def _full_counterpart(measure: str):
+    """The full geodesic measure an ablation (paper App. G) is compared with: ``geodesic-mix-frobenius`` →
+    ``geodesic-mix``; None for any other measure."""
+    for suffix in ABLATION_SUFFIXES:
+        if measure.startswith("geodesic-") and measure.endswith(suffix):
+            return measure[: -len(suffix)]
+    return None
+
+
+def _full_columns(out: Path, names, measures, grid, rows) -> dict:
+    """``{(row, ablation): values of its full measure}`` from the untagged evaluation, where that evaluation
+    holds the full measure at the ablation's radius for every one of ``names`` (else the pair is left out)."""
+    files = population_files("")
+    if not (out / files["config"]).is_file():
+        return {}
+    main_cfg = json.loads((out / files["config"]).read_text())
+    main_recs = read_results(out, "")
+    _, main_grid = evaluation_grid(main_cfg)
+    cols = {}
+    for m in measures:
+        full = _full_counterpart(m)
+        if full not in main_grid:
+            continue
+        for i, row in enumerate(rows):
+            rho = grid[m][i]
+            if rho in main_grid[full] and all(rho in main_recs.get(n, {}).get("values", {}).get(full, {})
+                                               for n in names):
+                cols[row, m] = (full, np.array([main_recs[n]["values"][full][rho] for n in names]))
+    return cols
+
+
 def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = True, stream=None,
                          tag: str = "", where: dict | None = None) -> dict:
     """Kendall τ (with bootstrap CI) of each measure at each ρ against the gap; JSON, CSV, PNG, table.
+
+    Paired differences |τ(m)| − |τ(vs)| on the same bootstrap resamples: each geodesic measure against its
+    adaptive counterpart, and in a tagged evaluation each ablation (``geodesic-*-first-order``,
+    ``geodesic-*-frobenius``) against its full measure in the untagged evaluation at the same ρ.
 
     ``where`` restricts the population to the models whose recorded hyper-parameters match, e.g.
     ``{"label_noise": 0}`` (outputs ``correlation-label_noise=0.*``), to see whether a correlation
@@ -91,6 +129,7 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
         return np.array([recs[n]["values"][m][grid[m][i]] for n in names])
 
     table, paired, sizes = {}, {}, {}
+    full = _full_columns(out, names, measures, grid, rows) if tag else {}
     for i, row in enumerate(rows):
         table[row] = {}
         for m in measures:
@@ -105,6 +144,10 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
             if base in measures:
                 paired.setdefault(row, {})[m] = dict(vs=base, **paired_abs_tau_difference(
                     column(m, i), column(base, i), gap, n_boot=n_boot, seed=seed))
+            elif (row, m) in full:  # an ablation against its full measure (untagged evaluation, same ρ)
+                base, values = full[row, m]
+                paired.setdefault(row, {})[m] = dict(vs=base, **paired_abs_tau_difference(
+                    column(m, i), values, gap, n_boot=n_boot, seed=seed))
     result = dict(models=len(names), missing=missing, bootstrap=n_boot, tau=table, evaluation=cfg,
                   gap=dict(min=float(gap.min()), max=float(gap.max()), mean=float(gap.mean())), where=where)
     if paired:

@@ -48,8 +48,8 @@ import torch
 from .task import PopulationTask, Split
 from .text import LABELS, MASK_RATE, mask_tokens, split_texts
 
-__all__ = ["MiniLMBBCTask", "MiniLMSeedsTask", "MiniLMRecipesTask", "checkpoint_dir", "resolve_checkpoint", "SEEDS_RECIPE", "EVALUATION_PROTOCOL",
-           "RECIPE_SPACE"]
+__all__ = ["MiniLMBBCTask", "MiniLMSeedsTask", "MiniLMRecipesTask", "checkpoint_dir", "resolve_checkpoint",
+           "SEEDS_RECIPE", "EVALUATION_PROTOCOL", "ABLATION_PROTOCOL", "RECIPE_SPACE"]
 
 MAX_LENGTH = 32
 TRAIN_SIZE = 384
@@ -71,6 +71,18 @@ EVALUATION_PROTOCOL = dict(
     measures=("adaptive", "geodesic-inv", "geodesic-mix", "adaptive-linearised", "geodesic-inv-linearised",
               "geodesic-mix-linearised"),
     batches=4, batch_size=64, iters=10, sizes=(2e-5, 2e-4), calibration_models=3, probe_rhos=(0.01, 0.03))
+
+#: the paper's ablations (App. G), fixed before any τ was computed (2026-11-24): the geodesic correction off
+#: (``*-first-order``) and the metric norm off (``*-frobenius``), for both metrics, at the radii of the full
+#: measure for the larger target size only (the correction is second order in ρ, so it matters most there;
+#: one size halves the cost, about 400 s per model on one core), on the same points and iterations as
+#: :data:`EVALUATION_PROTOCOL`; evaluated under the tag ``ablations`` (``geosharp population evaluate --out DIR
+#: --calibration --sizes 2e-4 --tag ablations --measures … --batches 4 --batch-size 64 --iters 10``) and
+#: correlated against the full measures of the main evaluation on the same bootstrap resamples
+ABLATION_PROTOCOL = dict(
+    measures=("geodesic-inv-first-order", "geodesic-mix-first-order", "geodesic-inv-frobenius",
+              "geodesic-mix-frobenius"),
+    batches=4, batch_size=64, iters=10, sizes=(2e-4,), tag="ablations")
 
 
 def checkpoint_dir() -> Path:

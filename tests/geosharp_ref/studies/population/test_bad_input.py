@@ -83,3 +83,12 @@ def test_full_disk_loses_nothing_already_written(trained, reference, tmp_path, c
     # space again: the rerun repairs the torn line, keeps the two, and ends as the uninterrupted run
     assert main(_evaluate_argv(out)) == 0
     assert (out / "results.jsonl").read_bytes() == (reference / "results.jsonl").read_bytes()
+
+
+def test_calibration_columns_need_a_calibration(trained, tmp_path, capsys):
+    out = cases.copy_population(trained, tmp_path)
+    line = _error_line(capsys, _evaluate_argv(out) + ["--sizes", "2e-4"])
+    assert "--sizes picks columns of the calibrated grid; add --calibration" in line
+    line = _error_line(capsys, _evaluate_argv(out) + ["--calibration", "--sizes", "2e-4"])
+    assert "calibration.json does not exist" in line
+    assert not (out / "results.jsonl").exists()

@@ -2,6 +2,8 @@
 tiny checkpoint of the same format as the packaged all-MiniLM-L6-v2 (a ``BertModel`` directory with the
 checkpoint's own tokenizer): train → calibrate → evaluate → correlate, and every piece against an
 independent computation."""
+import csv
+import io
 import json
 import math
 
@@ -13,13 +15,15 @@ import transformers
 from geosharp_ref.io.models import load_model
 from geosharp_ref.sharpness.measures import MEASURES, linearised_sharpness, relative_perturbation
 from geosharp_ref.stats import kendall_with_ci, paired_abs_tau_difference
-from geosharp_ref.studies.population.calibration import read_calibration
-from geosharp_ref.studies.population.evaluation import read_results, sharpness_batches
+from geosharp_ref.studies.population.calibration import calibrated_grid, read_calibration
+from geosharp_ref.studies.population.correlation import correlate_population
+from geosharp_ref.studies.population.evaluation import evaluate_population, read_results, sharpness_batches
 from geosharp_ref.studies.population.manifest import read_manifest
 from geosharp_ref.studies.population.minilm import (RECIPE_SPACE, SEEDS_RECIPE, MiniLMRecipesTask, MiniLMSeedsTask,
                                                     checkpoint_dir)
 from geosharp_ref.studies.population.study import run_study
 from geosharp_ref.studies.population.tasks import get_task
+from geosharp_ref.symmetry import symmetry_map
 from tests.cases import save_bert_backbone
 
 PROTOCOL = dict(n_batches=2, batch_size=8, n_iter=3, sizes=(1e-4, 1e-3),
@@ -210,3 +214,78 @@ def test_paired_difference_against_a_direct_bootstrap():
     direct = [abs(kendalltau(x1[i], y[i]).statistic) - abs(kendalltau(x2[i], y[i]).statistic) for i in idx]
     lo, hi = np.quantile(direct, [0.025, 0.975])
     assert d["ci"] == pytest.approx([lo, hi], abs=1e-12)
+
+
+def test_calibrated_grid_gives_derived_measures_their_base_radii_and_picks_columns(recipes):
+    out, _ = recipes
+    cal = read_calibration(out)
+    mix = cal["grid"]["geodesic-mix"]
+    grid = calibrated_grid(cal, ["geodesic-mix-frobenius", "geodesic-mix-first-order", "adaptive-linearised"])
+    assert grid == {"geodesic-mix-frobenius": mix, "geodesic-mix-first-order": mix,
+                    "adaptive-linearised": cal["grid"]["adaptive"]}
+    assert calibrated_grid(cal, ["geodesic-mix"], sizes=[PROTOCOL["sizes"][1]]) == {"geodesic-mix": [mix[1]]}
+    assert calibrated_grid(cal, ["geodesic-mix"], sizes=PROTOCOL["sizes"][::-1]) == {"geodesic-mix": mix[::-1]}
+    with pytest.raises(ValueError, match="size 0.5 was not calibrated; choose from 0.0001, 0.001"):
+        calibrated_grid(cal, ["geodesic-mix"], sizes=[0.5])
+    with pytest.raises(ValueError, match=r"no radii for \['geodesic-inv'\]"):
+        calibrated_grid(cal, ["geodesic-inv-frobenius"])
+
+
+def test_ablations_run_at_the_radius_of_their_full_measure(recipes):
+    """The App. G ablations at the larger size under a tag: the evaluation's grid is the full measure's larger
+    radius, and a record equals the measure evaluated directly on the model at that radius."""
+    out, _ = recipes
+    cal = read_calibration(out)
+    ablations = ("geodesic-mix-first-order", "geodesic-mix-frobenius")
+    size = PROTOCOL["sizes"][1]
+    evaluate_population(out, rhos=calibrated_grid(cal, ablations, sizes=[size]), sizes=[size], measures=ablations,
+                        n_batches=PROTOCOL["n_batches"], batch_size=PROTOCOL["batch_size"],
+                        n_iter=PROTOCOL["n_iter"], progress=False, tag="ablations")
+    rho = f"{cal['grid']['geodesic-mix'][1]:g}"
+    cfg = json.loads((out / "evaluation-ablations.json").read_text())
+    assert cfg["sizes"] == [size] and cfg["rho_grid"] == {m: [rho] for m in ablations}
+    man = read_manifest(out)
+    rec = read_results(out, "ablations")["model_003"]
+    model = load_model(out / "models" / "model_003")
+    batches = sharpness_batches(man, PROTOCOL["n_batches"], PROTOCOL["batch_size"], out)
+    for m in ablations:
+        direct = MEASURES[m].evaluate(model, batches, float(rho), n_iter=PROTOCOL["n_iter"], seed=0,
+                                      symmetry_map=symmetry_map(model))
+        assert rec["values"][m][rho] == pytest.approx(direct.mean, rel=1e-6, abs=1e-12)
+        assert rec["relative_size"][m][rho] == pytest.approx(direct.median_relative_size, rel=1e-6)
+
+
+def test_ablations_are_paired_with_their_full_measure(recipes, tmp_path):
+    """correlate --tag pairs each ablation with its full measure of the untagged evaluation at the same ρ
+    (and leaves out a full measure evaluated at other radii), against a direct paired bootstrap."""
+    out = tmp_path / "pop"
+    out.mkdir()
+    (out / "population.json").write_text((recipes[0] / "population.json").read_text())
+    man = read_manifest(out)
+    names = [m["name"] for m in man["models"]]
+    gap = [m["metrics"]["gap"] for m in man["models"]]
+    rng = np.random.default_rng(5)
+    full = {"geodesic-mix": rng.normal(size=4), "geodesic-inv": rng.normal(size=4)}
+    abl = {m: rng.normal(size=4) for m in ("geodesic-mix-frobenius", "geodesic-inv-first-order")}
+
+    def write(tag, cols, grid):
+        files = {"": ("evaluation.json", "results.jsonl")}.get(tag, (f"evaluation-{tag}.json",
+                                                                    f"results-{tag}.jsonl"))
+        (out / files[0]).write_text(json.dumps(dict(measures=list(cols), rho_grid=grid, sizes=[2e-4])))
+        (out / files[1]).write_text("".join(json.dumps(dict(model=n, gap=g, values={
+            m: {grid[m][0]: float(cols[m][i])} for m in cols})) + "\n" for i, (n, g) in enumerate(zip(names, gap))))
+
+    write("", full, {"geodesic-mix": ["0.05"], "geodesic-inv": ["0.03"]})
+    write("ablations", abl, {"geodesic-mix-frobenius": ["0.05"], "geodesic-inv-first-order": ["0.04"]})
+    result = correlate_population(out, n_boot=200, plot=False, tag="ablations", stream=io.StringIO())
+    got = result["paired_abs_tau_difference"]["size=0.0002"]
+    assert list(got) == ["geodesic-mix-frobenius"]  # inv's full measure was evaluated at another radius
+    want = paired_abs_tau_difference(abl["geodesic-mix-frobenius"], full["geodesic-mix"], gap, n_boot=200)
+    assert got["geodesic-mix-frobenius"]["vs"] == "geodesic-mix"
+    assert got["geodesic-mix-frobenius"]["difference"] == pytest.approx(want["difference"])
+    assert got["geodesic-mix-frobenius"]["ci"] == pytest.approx(want["ci"])
+    rows = list(csv.DictReader(open(out / "correlation-ablations_paired.csv")))
+    assert [(r["measure"], r["vs"]) for r in rows] == [("geodesic-mix-frobenius", "geodesic-mix")]
+    # the untagged correlation does not pair anything with the ablations
+    assert "paired_abs_tau_difference" not in correlate_population(out, n_boot=50, plot=False,
+                                                                   stream=io.StringIO())
