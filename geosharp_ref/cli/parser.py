@@ -321,6 +321,12 @@ def _add_population(sub):
                    help='sharpness examples: torch.save({"inputs": ..., "targets": ...}, FILE)')
     i.add_argument("--loader", choices=("auto", "clip-soups", "hf"), default="auto",
                    help="model format (default auto: .pt/.pth files are model-soups, directories Hugging Face)")
+    rel = acts.add_parser("reliability", help="split-half reliability of the gaps: how much of their ranking is "
+                                              "the models and how much the test set (a ceiling on any τ)")
+    rel.add_argument("--out", required=True, metavar="DIR", help="population directory")
+    rel.add_argument("--splits", type=int, default=200, metavar="N", help="random halvings (default 200)")
+    rel.add_argument("--seed", type=int, default=0, help="seed of the halvings (default 0)")
+    rel.add_argument("--no-progress", action="store_true", help="no progress bars")
     c = acts.add_parser("correlate", help="Kendall τ with bootstrap CIs per measure and ρ; JSON, CSV, PNG, table")
     c.add_argument("--out", required=True, metavar="DIR", help="population directory")
     c.add_argument("--bootstrap", type=int, default=1000, metavar="N", help="bootstrap resamples (default 1000)")

@@ -1,4 +1,4 @@
-"""``geosharp population train|evaluate|study|calibrate|import|correlate``: the population study's actions."""
+"""``geosharp population train|evaluate|study|calibrate|import|reliability|correlate``: the population study's actions."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,6 +9,7 @@ from ..studies.population.correlation import correlate_population, parse_where
 from ..studies.population.evaluation import evaluate_population
 from ..studies.population.importing import import_population
 from ..studies.population.manifest import MANIFEST, population_files
+from ..studies.population.reliability import gap_reliability
 from ..studies.population.study import run_study
 from ..studies.population.training import train_population
 
@@ -56,6 +57,8 @@ def run(args) -> int:
         man = import_population(args.out, args.models, args.metrics, args.data, loader=args.loader)
         print(f"{len(man['models'])} models registered in {Path(args.out) / MANIFEST}; next: "
               f"geosharp population evaluate --out {args.out}")
+    elif args.action == "reliability":
+        gap_reliability(args.out, splits=args.splits, seed=args.seed, progress=not args.no_progress)
     else:
         correlate_population(args.out, n_boot=args.bootstrap, seed=args.seed, plot=not args.no_plot,
                              tag=args.tag, where=parse_where(args.where))

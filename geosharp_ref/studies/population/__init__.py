@@ -3,6 +3,7 @@
     geosharp population train     --out DIR [--models 32] [--workers 2] [--epochs-max 30] ...
     geosharp population evaluate  --out DIR [--rho 0.003 0.01 0.03 0.1] [--batches 4] [--batch-size 32] ...
     geosharp population correlate --out DIR [--bootstrap 1000] [--where label_noise=0 ...]
+    geosharp population reliability --out DIR [--splits 200]   (how reproducible the gaps' ranking is)
 
     geosharp population study     --out DIR [--task TASK] [--models 32] ...   (all three, resumable)
     geosharp population import    --out DIR --models M1.pt M2.pt ... --metrics M.csv --data D.pt
@@ -27,7 +28,7 @@ included), test error on the clean test set; gap = test error − train error.
 
 Modules: :mod:`.task` (what a task supplies), :mod:`.tasks` (the built-in tasks), :mod:`.manifest` (the
 directory layout), :mod:`.training`, :mod:`.evaluation`, :mod:`.correlation`, :mod:`.study` (all three),
-:mod:`.importing` (real populations from local paths).
+:mod:`.importing` (real populations from local paths), :mod:`.reliability` (split-half reliability of the gaps).
 """
 from .correlation import correlate_population, parse_where
 from .evaluation import (ABLATIONS, ALL_MEASURES, DEFAULT_RHOS, LINEARISED, MEASURES, evaluate_model, evaluate_population,

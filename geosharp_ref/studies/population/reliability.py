@@ -1,0 +1,137 @@
+"""How much of a population's gap ranking is the models, and how much the test set? Split-half reliability.
+
+The gap of model i is g_i = e_test,i − e_train,i. The train error is exact (the model's own training set),
+but e_test is measured on a finite test set of n documents, so g_i carries sampling noise of standard error
+about √(e(1 − e)/n). When the models' true gaps differ by less than that (fine-tunes that differ only in
+their seed), the ranking of the measured gaps is largely the ranking of which documents happen to be in
+the test set, and no sharpness measure can reach a large Kendall τ against it.
+
+Split-half reliability measures this directly from the models' test predictions:
+
+1. every model predicts the test set once (``test_predictions.jsonl``, one resumable line per model; the
+   error they give must equal the recorded ``test_error``, else the files do not belong together);
+2. for each of ``splits`` random halvings of the test documents into A and B (the same halving for every
+   model), g^A_i and g^B_i are the gaps measured on each half, and τ_half = τ(g^A, g^B) over the models;
+3. the report gives τ_half (median and 2.5–97.5 % range over the halvings), the Spearman–Brown projection
+   to the whole test set of Greiner's r = sin(π τ / 2), r_full = 2 r / (1 + r) (a Pearson reliability, so an
+   approximate statement), and the attenuation ceiling √r_full on the correlation any measure can have
+   with the measured gap, in Kendall's units (2/π) arcsin √r_full; beside them the spread of the gaps (standard deviation over the models) and the
+   median binomial standard error of one model's test error.
+
+Results go to ``reliability.json``. Imported populations (a data file without a test set) have no test
+predictions to split.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from scipy.stats import kendalltau
+
+from ...io.data import slice_inputs
+from ...io.durable import append_line, read_jsonl, write_json_atomic
+from .evaluation import load_population_model
+from .manifest import read_manifest
+from .tasks import get_task
+
+__all__ = ["predict_test_set", "split_half_gaps", "gap_reliability", "PREDICTIONS", "RELIABILITY"]
+
+PREDICTIONS = "test_predictions.jsonl"
+RELIABILITY = "reliability.json"
+
+
+def _test_split(out: Path, manifest: dict):
+    spec = manifest["plan"]["data"]
+    if spec.get("dataset") == "file":
+        raise ValueError(f"{out} is an imported population: its data file has no test set to split; the "
+                         f"reliability needs a population trained by geosharp (population train)")
+    return get_task(manifest["plan"]["task"]).load_split(spec, out)
+
+
+def predict_test_set(out, batch_size: int = 256, threads: int | None = 1, progress: bool = True) -> dict:
+    """``{model name: [predicted class per test example]}`` of every model (resumable: one fsync'd line per
+    model in ``test_predictions.jsonl``). Each model's recomputed test error must match its recorded one
+    (to one example: an argmax tie may flip with the batch size)."""
+    out = Path(out)
+    manifest = read_manifest(out)
+    return _predictions(out, manifest, _test_split(out, manifest), batch_size, threads, progress)
+
+
+def _predictions(out: Path, manifest: dict, split, batch_size: int, threads, progress: bool) -> dict:
+    y = split.y_test
+    path = out / PREDICTIONS
+    done = {r["model"]: r["predictions"] for r in read_jsonl(path, repair=True)}
+    todo = [m for m in manifest["models"] if m["name"] not in done]
+    if todo and threads:
+        torch.set_num_threads(threads)
+    from tqdm.auto import tqdm
+
+    for m in tqdm(todo, desc="test predictions", unit="model", disable=not progress or not todo):
+        model = load_population_model(out, m).eval()
+        with torch.no_grad():
+            pred = torch.cat([model(**slice_inputs(split.test, slice(i, i + batch_size))).logits.argmax(-1)
+                              for i in range(0, len(y), batch_size)])
+        error = float((pred != y).float().mean())
+        recorded = m["metrics"]["test_error"]
+        if abs(error - recorded) * len(y) > 1.5:
+            raise ValueError(f"{m['name']}: its test predictions give test error {error:.4f}, the manifest records "
+                             f"{recorded:.4f}; the model directory and the manifest of {out} do not belong together")
+        append_line(path, dict(model=m["name"], predictions=pred.tolist()))
+        done[m["name"]] = pred.tolist()
+    return {m["name"]: done[m["name"]] for m in manifest["models"]}
+
+
+def split_half_gaps(wrong: np.ndarray, train_error: np.ndarray, half: np.ndarray) -> tuple:
+    """``(g^A, g^B)``: the gaps of every model on the test examples in ``half`` (a boolean mask) and on the rest.
+
+    ``wrong``: (models, n_test) booleans, ``train_error``: (models,)."""
+    return wrong[:, half].mean(1) - train_error, wrong[:, ~half].mean(1) - train_error
+
+
+def gap_reliability(out, splits: int = 200, seed: int = 0, progress: bool = True, stream=None) -> dict:
+    """Split-half reliability of the population's gaps (see the module doc); writes ``reliability.json``."""
+    out = Path(out)
+    stream = stream or sys.stdout
+    if splits < 1:
+        raise ValueError(f"--splits must be a positive integer, got {splits}")
+    manifest = read_manifest(out)
+    split = _test_split(out, manifest)
+    preds = _predictions(out, manifest, split, 256, 1, progress)
+    y = split.y_test.numpy()
+    names = [m["name"] for m in manifest["models"]]
+    if len(names) < 3:
+        raise ValueError(f"{out} has {len(names)} models; Kendall τ needs at least 3")
+    wrong = np.array([np.asarray(preds[n]) != y for n in names])
+    train_error = np.array([m["metrics"]["train_error"] for m in manifest["models"]])
+    test_error = wrong.mean(1)
+    rng = np.random.default_rng(seed)
+    n = len(y)
+    taus = []
+    for _ in range(splits):
+        half = np.zeros(n, dtype=bool)
+        half[rng.permutation(n)[: n // 2]] = True
+        ga, gb = split_half_gaps(wrong, train_error, half)
+        t = kendalltau(ga, gb).statistic
+        taus.append(float(t) if np.isfinite(t) else 0.0)
+    tau_half = float(np.median(taus))
+    r_half = math.sin(math.pi * tau_half / 2)
+    r_full = 2 * r_half / (1 + r_half) if r_half > -1 else float("nan")
+    gap = test_error - train_error
+    result = dict(models=len(names), n_test=int(n), splits=splits, seed=seed,
+                  tau_half=dict(median=tau_half, range95=[float(x) for x in np.quantile(taus, [0.025, 0.975])]),
+                  pearson_full_spearman_brown=r_full,
+                  correlation_ceiling=math.sqrt(r_full) if r_full > 0 else 0.0,
+                  tau_ceiling=2 / math.pi * math.asin(math.sqrt(r_full)) if r_full > 0 else 0.0,
+                  gap_sd=float(gap.std(ddof=1)),
+                  test_error_se_median=float(np.median(np.sqrt(test_error * (1 - test_error) / n))))
+    write_json_atomic(out / RELIABILITY, result)
+    print(f"split-half reliability of the gap over {len(names)} models ({n} test examples, {splits} halvings): "
+          f"τ(g^A, g^B) = {tau_half:+.2f} [{result['tau_half']['range95'][0]:+.2f}, "
+          f"{result['tau_half']['range95'][1]:+.2f}]; whole test set r ≈ {r_full:+.2f}, ceiling on |r(s, g)| ≈ "
+          f"{result['correlation_ceiling']:.2f} (|τ| ≈ {result['tau_ceiling']:.2f}); gap SD {result['gap_sd']:.4f} vs test-error SE "
+          f"{result['test_error_se_median']:.4f}", file=stream)
+    print(f"written: {out / RELIABILITY}, {out / PREDICTIONS}", file=stream)
+    return result

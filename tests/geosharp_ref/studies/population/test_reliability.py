@@ -1,0 +1,97 @@
+"""Split-half reliability of a population's gaps (``geosharp_ref.studies.population.reliability``), on the
+tiny vision population: predictions against the recorded test errors, τ_half against a direct recomputation
+with scipy, resumption, and the bad inputs."""
+import io
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import kendalltau
+
+from geosharp_ref.cli import main
+from geosharp_ref.studies.population.evaluation import load_population_model
+from geosharp_ref.studies.population.manifest import read_manifest
+from geosharp_ref.studies.population.reliability import (PREDICTIONS, gap_reliability, split_half_gaps,
+                                                          predict_test_set)
+from geosharp_ref.studies.population.tasks import get_task
+from tests import cases
+
+
+@pytest.fixture(scope="module")
+def population(trained, tmp_path_factory):
+    return cases.copy_population(trained, tmp_path_factory.mktemp("reliability"))
+
+
+def test_predictions_reproduce_the_recorded_test_errors(population):
+    man = read_manifest(population)
+    preds = predict_test_set(population, progress=False)
+    split = get_task(man["plan"]["task"]).load_split(man["plan"]["data"], population)
+    y = split.y_test.numpy()
+    for m in man["models"]:
+        assert len(preds[m["name"]]) == len(y)
+        assert np.mean(np.asarray(preds[m["name"]]) != y) == pytest.approx(m["metrics"]["test_error"], abs=1.5 / len(y))
+    # one model directly, one example at a time (no batching)
+    model = load_population_model(population, man["models"][1]).eval()
+    with torch.no_grad():
+        direct = [int(model(**{k: v[i:i + 1] for k, v in split.test.items()}).logits.argmax(-1)) for i in range(5)]
+    assert preds[man["models"][1]["name"]][:5] == direct
+
+
+def test_split_half_tau_against_a_direct_recomputation(population):
+    result = gap_reliability(population, splits=7, seed=3, progress=False, stream=io.StringIO())
+    man = read_manifest(population)
+    preds = predict_test_set(population, progress=False)
+    y = get_task(man["plan"]["task"]).load_split(man["plan"]["data"], population).y_test.numpy()
+    train = np.array([m["metrics"]["train_error"] for m in man["models"]])
+    rng = np.random.default_rng(3)
+    taus = []
+    for _ in range(7):
+        idx = rng.permutation(len(y))[: len(y) // 2]
+        inside = np.isin(np.arange(len(y)), idx)
+        ga = [np.mean([preds[m["name"]][j] != y[j] for j in range(len(y)) if inside[j]]) - t
+              for m, t in zip(man["models"], train)]
+        gb = [np.mean([preds[m["name"]][j] != y[j] for j in range(len(y)) if not inside[j]]) - t
+              for m, t in zip(man["models"], train)]
+        t = kendalltau(ga, gb).statistic
+        taus.append(t if np.isfinite(t) else 0.0)
+    assert result["tau_half"]["median"] == pytest.approx(float(np.median(taus)))
+    r = math.sin(math.pi * np.median(taus) / 2)
+    assert result["pearson_full_spearman_brown"] == pytest.approx(2 * r / (1 + r))
+    if r > 0:  # the ceiling in τ units: τ = (2/π) arcsin r for a bivariate normal
+        assert math.sin(math.pi * result["tau_ceiling"] / 2) ** 2 == pytest.approx(2 * r / (1 + r))
+    gaps = [m["metrics"]["gap"] for m in man["models"]]
+    assert result["gap_sd"] == pytest.approx(float(np.std(gaps, ddof=1)), abs=1e-9)
+    assert json.loads((population / "reliability.json").read_text()) == result
+
+
+def test_split_half_gaps_of_a_model_that_errs_only_in_one_half():
+    wrong = np.array([[True, True, False, False], [False, False, False, False]])
+    half = np.array([True, True, False, False])
+    ga, gb = split_half_gaps(wrong, np.array([0.25, 0.0]), half)
+    assert ga.tolist() == [0.75, 0.0] and gb.tolist() == [-0.25, 0.0]
+
+
+def test_predictions_resume_and_refuse_a_foreign_manifest(population, tmp_path):
+    out = cases.copy_population(population, tmp_path)
+    lines = (population / PREDICTIONS).read_text().splitlines(keepends=True)
+    (out / PREDICTIONS).write_text(lines[0] + lines[1][:10])  # one model done, the next torn
+    assert predict_test_set(out, progress=False) == predict_test_set(population, progress=False)
+    assert (out / PREDICTIONS).read_text() == "".join(lines)
+    (out / PREDICTIONS).unlink()
+    man = json.loads((out / "population.json").read_text())
+    man["models"][0]["metrics"]["test_error"] += 0.25
+    (out / "population.json").write_text(json.dumps(man))
+    with pytest.raises(ValueError, match="do not belong together"):
+        predict_test_set(out, progress=False)
+
+
+def test_cli_reliability_and_its_bad_input(population, tmp_path, capsys):
+    assert main(["population", "reliability", "--out", str(population), "--splits", "5", "--no-progress"]) == 0
+    assert "split-half reliability of the gap over 4 models" in capsys.readouterr().out
+    assert main(["population", "reliability", "--out", str(population), "--splits", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--splits must be a positive integer" in err[0]
+    assert main(["population", "reliability", "--out", str(tmp_path / "nothing")]) == 2
+    assert capsys.readouterr().err.startswith("geosharp: error: ")
