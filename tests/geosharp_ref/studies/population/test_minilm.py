@@ -289,3 +289,21 @@ def test_ablations_are_paired_with_their_full_measure(recipes, tmp_path):
     # the untagged correlation does not pair anything with the ablations
     assert "paired_abs_tau_difference" not in correlate_population(out, n_boot=50, plot=False,
                                                                    stream=io.StringIO())
+
+
+def test_cli_evaluates_one_calibrated_column(recipes, capsys):
+    """``evaluate --calibration --sizes S`` (the README's ablation command) runs the column of S only."""
+    from geosharp_ref.cli import main
+
+    out, _ = recipes
+    cal = read_calibration(out)
+    argv = ["population", "evaluate", "--out", str(out), "--calibration", "--sizes", str(PROTOCOL["sizes"][1]),
+            "--tag", "cli-column", "--measures", "geodesic-mix-frobenius", "--batches", str(PROTOCOL["n_batches"]),
+            "--batch-size", str(PROTOCOL["batch_size"]), "--iters", str(PROTOCOL["n_iter"]), "--no-progress"]
+    assert main(argv) == 0
+    cfg = json.loads((out / "evaluation-cli-column.json").read_text())
+    assert cfg["rho_grid"] == {"geodesic-mix-frobenius": [f"{cal['grid']['geodesic-mix'][1]:g}"]}
+    assert cfg["sizes"] == [PROTOCOL["sizes"][1]]
+    assert sorted(read_results(out, "cli-column")) == [f"model_{i:03d}" for i in range(4)]
+    assert main(argv[:5] + ["--sizes", "0.5"] + argv[7:]) == 2
+    assert "size 0.5 was not calibrated" in capsys.readouterr().err
