@@ -13,6 +13,7 @@ from ...plots import plot_population_scatter, plot_tau_vs_rho
 from ...stats import kendall_with_ci, paired_abs_tau_difference
 from .evaluation import evaluation_grid, read_results
 from .manifest import population_files, read_manifest
+from .reliability import RELIABILITY
 
 __all__ = ["correlate_population", "parse_where", "subset_models"]
 
@@ -94,7 +95,8 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
 
     Paired differences |τ(m)| − |τ(vs)| on the same bootstrap resamples: each geodesic measure against its
     adaptive counterpart, and in a tagged evaluation each ablation (``geodesic-*-first-order``,
-    ``geodesic-*-frobenius``) against its full measure in the untagged evaluation at the same ρ.
+    ``geodesic-*-frobenius``) against its full measure in the untagged evaluation at the same ρ. Where
+    ``reliability.json`` (:mod:`.reliability`) covers the same models, its ceiling on τ is reported beside them.
 
     ``where`` restricts the population to the models whose recorded hyper-parameters match, e.g.
     ``{"label_noise": 0}`` (outputs ``correlation-label_noise=0.*``), to see whether a correlation
@@ -154,6 +156,11 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
         result["paired_abs_tau_difference"] = paired
     if sizes:
         result["median_relative_size"] = sizes
+    reliability = out / RELIABILITY  # `population reliability` ran on the same models: report its ceiling
+    if not where and reliability.is_file():
+        rel = json.loads(reliability.read_text())
+        if rel.get("models") == len(chosen):
+            result["gap_reliability"] = {k: rel[k] for k in ("tau_half", "tau_ceiling", "correlation_ceiling")}
     write_json_atomic(stem.with_suffix(".json"), result)
     with open(stem.with_suffix(".csv"), "w", newline="") as f:
         w = csv.writer(f)
@@ -203,6 +210,10 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
         if r in sizes:
             print(f"{'‖Δθ‖/‖θ‖':>{width}s}  " + "  ".join(f"{sizes[r].get(m, float('nan')):>24.3g}" for m in measures),
                   file=stream)
+    if "gap_reliability" in result:
+        rel = result["gap_reliability"]
+        print(f"split-half reliability of the gap: τ(g^A, g^B) = {rel['tau_half']['median']:+.2f}; no measure can "
+              f"reach |τ| above about {rel['tau_ceiling']:.2f} (geosharp population reliability)", file=stream)
     for r, cells in paired.items():
         for m, d in cells.items():
             print(f"|τ({m})| − |τ({d['vs']})| at {r}: {d['difference']:+.2f} [{d['ci'][0]:+.2f}, "

@@ -95,3 +95,21 @@ def test_cli_reliability_and_its_bad_input(population, tmp_path, capsys):
     assert len(err) == 1 and "--splits must be a positive integer" in err[0]
     assert main(["population", "reliability", "--out", str(tmp_path / "nothing")]) == 2
     assert capsys.readouterr().err.startswith("geosharp: error: ")
+
+
+def test_correlate_reports_the_ceiling_of_the_same_models(reference, tmp_path):
+    from geosharp_ref.studies.population.correlation import correlate_population
+
+    out = cases.copy_population(reference, tmp_path, results=True)
+    stream = io.StringIO()
+    assert "gap_reliability" not in correlate_population(out, n_boot=50, plot=False, stream=io.StringIO())
+    rel = gap_reliability(out, splits=5, progress=False, stream=io.StringIO())
+    result = correlate_population(out, n_boot=50, plot=False, stream=stream)
+    assert result["gap_reliability"] == {k: rel[k] for k in ("tau_half", "tau_ceiling", "correlation_ceiling")}
+    assert f"no measure can reach |τ| above about {rel['tau_ceiling']:.2f}" in stream.getvalue()
+    # with --where the models are a stratum, not what the reliability was measured on
+    hparams = [m["hparams"] for m in read_manifest(out)["models"]]
+    key, value = max(((k, h[k]) for h in hparams for k in h), key=lambda kv: sum(h.get(kv[0]) == kv[1] for h in hparams))
+    assert sum(h.get(key) == value for h in hparams) >= 3
+    sub = correlate_population(out, n_boot=50, plot=False, stream=io.StringIO(), where={key: value})
+    assert "gap_reliability" not in sub
