@@ -398,6 +398,18 @@ class Measure:
     #: ρ‖∇L‖_* (one gradient per batch) instead of the Auto-PGD maximisation
     linearised: bool = False
 
+    @property
+    def ablated(self) -> bool:
+        """Whether this is one of the paper's ablations (a geodesic measure with an ingredient switched off)."""
+        return self.metric is not None and not self.linearised and not (self.geodesic_correction and
+                                                                        self.metric_norm)
+
+    @property
+    def base(self) -> str:
+        """The name of the headline measure this one derives from (the same metric; itself if headline):
+        ``geodesic-mix-frobenius`` and ``geodesic-mix-linearised`` → ``geodesic-mix``."""
+        return next(h.name for h in HEADLINE_MEASURES if h.metric == self.metric)
+
     def evaluate(self, model, batches, rho, *, symmetry_map=None, **options) -> SharpnessResult:
         """The measure's :class:`SharpnessResult` (``options``: those of the entry points)."""
         if self.linearised:

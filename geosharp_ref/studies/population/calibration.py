@@ -33,7 +33,7 @@ import torch
 
 from ...io.durable import write_json_atomic
 from ...sharpness.measures import MEASURES as NAMED_MEASURES
-from ...sharpness.measures import rho_for_size
+from ...sharpness.measures import get_measure, rho_for_size
 from ...symmetry import symmetry_map as build_symmetry_map
 from .evaluation import MEASURES, load_population_model, rho_key, sharpness_batches
 from .manifest import read_manifest
@@ -43,19 +43,10 @@ __all__ = ["calibrate_population", "read_calibration", "calibrated_grid", "radiu
 CALIBRATION = "calibration.json"
 
 
-#: suffixes of measures that take the radii of the measure they are derived from
-DERIVED_SUFFIXES = ("-linearised", "-first-order", "-frobenius")
-
-
 def radius_source(measure: str, grid: dict) -> str:
-    """The calibrated measure whose radii ``measure`` uses: itself if calibrated, else its base measure
-    (``geodesic-mix-frobenius`` → ``geodesic-mix``, ``adaptive-linearised`` → ``adaptive``)."""
-    if measure in grid:
-        return measure
-    for suffix in DERIVED_SUFFIXES:
-        if measure.endswith(suffix):
-            return measure[: -len(suffix)]
-    return measure
+    """The calibrated measure whose radii ``measure`` uses: itself if calibrated, else the headline measure it
+    derives from (``geodesic-mix-frobenius`` → ``geodesic-mix``, ``adaptive-linearised`` → ``adaptive``)."""
+    return measure if measure in grid else get_measure(measure).base
 
 
 def calibrated_grid(calibration: dict, measures, sizes=None) -> dict:

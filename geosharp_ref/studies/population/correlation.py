@@ -10,6 +10,7 @@ import numpy as np
 
 from ...io.durable import write_json_atomic
 from ...plots import plot_population_scatter, plot_tau_vs_rho
+from ...sharpness.measures import get_measure
 from ...stats import kendall_with_ci, paired_abs_tau_difference
 from .evaluation import evaluation_grid, read_results
 from .manifest import population_files, read_manifest
@@ -55,16 +56,11 @@ def _adaptive_counterpart(measure: str):
     return "adaptive-linearised" if measure.endswith("-linearised") else "adaptive"
 
 
-ABLATION_SUFFIXES = ("-first-order", "-frobenius")
-
-
 def _full_counterpart(measure: str):
     """The full geodesic measure an ablation (paper App. G) is compared with: ``geodesic-mix-frobenius`` →
     ``geodesic-mix``; None for any other measure."""
-    for suffix in ABLATION_SUFFIXES:
-        if measure.startswith("geodesic-") and measure.endswith(suffix):
-            return measure[: -len(suffix)]
-    return None
+    meas = get_measure(measure)
+    return meas.base if meas.ablated else None
 
 
 def _full_columns(out: Path, names, measures, grid, rows) -> dict:

@@ -105,6 +105,12 @@ def test_measure_table():
     with pytest.raises(ValueError, match="unknown measure 'geodesic'.*geodesic-mix"):
         get_measure("geodesic")
 
+    # every measure names the headline measure it derives from, and says whether it is an ablation
+    want = {"adaptive": ("adaptive", False), "adaptive-linearised": ("adaptive", False)}
+    want.update({f"geodesic-{g}{s}": (f"geodesic-{g}", s in ("-first-order", "-frobenius"))
+                 for g in ("inv", "mix") for s in ("", "-first-order", "-frobenius", "-linearised")})
+    assert {n: (m.base, m.ablated) for n, m in MEASURES.items()} == want
+
 
 @pytest.mark.parametrize("name", ["adaptive", "geodesic-inv", "geodesic-mix-first-order", "geodesic-inv-frobenius"])
 def test_measure_evaluate_equals_the_entry_point_with_its_flags(name):

@@ -61,6 +61,8 @@ def test_split_half_tau_against_a_direct_recomputation(population):
     assert result["pearson_full_spearman_brown"] == pytest.approx(2 * r / (1 + r))
     if r > 0:  # the ceiling in τ units: τ = (2/π) arcsin r for a bivariate normal
         assert math.sin(math.pi * result["tau_ceiling"] / 2) ** 2 == pytest.approx(2 * r / (1 + r))
+    else:  # an unreliable gap leaves no room for any correlation
+        assert result["tau_ceiling"] == 0.0 and result["correlation_ceiling"] == 0.0
     gaps = [m["metrics"]["gap"] for m in man["models"]]
     assert result["gap_sd"] == pytest.approx(float(np.std(gaps, ddof=1)), abs=1e-9)
     assert json.loads((population / "reliability.json").read_text()) == result
