@@ -16,7 +16,7 @@ from .evaluation import evaluation_grid, read_results
 from .manifest import population_files, read_manifest
 from .reliability import RELIABILITY
 
-__all__ = ["correlate_population", "parse_where", "subset_models"]
+__all__ = ["correlate_population", "measure_agreement", "parse_where", "subset_models"]
 
 
 def parse_where(items) -> dict:
@@ -85,6 +85,34 @@ def _full_columns(out: Path, names, measures, grid, rows) -> dict:
     return cols
 
 
+def _agreement_counterpart(measure: str, measures, full_column=None):
+    """``(vs, values)``: the measure whose ranking of the models ``measure`` is compared with, and its
+    values where they come from another evaluation (else None, to be read from this one). A first-order
+    ``*-linearised`` measure against the Auto-PGD measure it linearises, a headline geodesic measure against
+    ``adaptive``, an ablation against its full measure (``full_column`` from :func:`_full_columns`);
+    ``(None, None)`` where the counterpart was not evaluated."""
+    meas = get_measure(measure)
+    if meas.linearised:
+        vs = meas.base
+    elif meas.ablated:
+        return full_column if full_column is not None else (None, None)
+    else:
+        vs = _adaptive_counterpart(measure)
+    return (vs, None) if vs in measures else (None, None)
+
+
+def measure_agreement(x, x_ref, n_boot: int = 1000, seed: int = 0) -> dict:
+    """How two measures of the same models agree: Kendall τ(x, x_ref) over the models (bootstrap CI) and
+    the median ratio x / x_ref. E.g. a first-order measure against its Auto-PGD value: ratio ≈ 1 and τ ≈ 1
+    where ρ is small enough that the loss is linear along the perturbation."""
+    x, x_ref = np.asarray(x, dtype=float), np.asarray(x_ref, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = x / x_ref
+    ratio = ratio[np.isfinite(ratio)]
+    return dict(median_ratio=float(np.median(ratio)) if len(ratio) else float("nan"),
+                **kendall_with_ci(x, x_ref, n_boot=n_boot, seed=seed))
+
+
 def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = True, stream=None,
                          tag: str = "", where: dict | None = None) -> dict:
     """Kendall τ (with bootstrap CI) of each measure at each ρ against the gap; JSON, CSV, PNG, table.
@@ -93,6 +121,9 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
     adaptive counterpart, and in a tagged evaluation each ablation (``geodesic-*-first-order``,
     ``geodesic-*-frobenius``) against its full measure in the untagged evaluation at the same ρ. Where
     ``reliability.json`` (:mod:`.reliability`) covers the same models, its ceiling on τ is reported beside them.
+    ``measure_agreement`` compares the measures' rankings of the models with no gap involved
+    (:func:`measure_agreement`): first order against Auto-PGD, geodesic against adaptive, ablation against
+    full.
 
     ``where`` restricts the population to the models whose recorded hyper-parameters match, e.g.
     ``{"label_noise": 0}`` (outputs ``correlation-label_noise=0.*``), to see whether a correlation
@@ -126,7 +157,7 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
     def column(m, i):
         return np.array([recs[n]["values"][m][grid[m][i]] for n in names])
 
-    table, paired, sizes = {}, {}, {}
+    table, paired, sizes, agreement = {}, {}, {}, {}
     full = _full_columns(out, names, measures, grid, rows) if tag else {}
     for i, row in enumerate(rows):
         table[row] = {}
@@ -146,12 +177,20 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
                 base, values = full[row, m]
                 paired.setdefault(row, {})[m] = dict(vs=base, **paired_abs_tau_difference(
                     column(m, i), values, gap, n_boot=n_boot, seed=seed))
+        for m in measures:  # how far two measures of the same models agree, whatever the gap does
+            vs, values = _agreement_counterpart(m, measures, full.get((row, m)))
+            if vs is not None:
+                values = column(vs, i) if values is None else values
+                agreement.setdefault(row, {})[m] = dict(vs=vs, **measure_agreement(
+                    column(m, i), values, n_boot=n_boot, seed=seed))
     result = dict(models=len(names), missing=missing, bootstrap=n_boot, tau=table, evaluation=cfg,
                   gap=dict(min=float(gap.min()), max=float(gap.max()), mean=float(gap.mean())), where=where)
     if paired:
         result["paired_abs_tau_difference"] = paired
     if sizes:
         result["median_relative_size"] = sizes
+    if agreement:
+        result["measure_agreement"] = agreement
     reliability = out / RELIABILITY  # `population reliability` ran on the same models: report its ceiling
     if not where and reliability.is_file():
         rel = json.loads(reliability.read_text())
@@ -210,6 +249,10 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
         rel = result["gap_reliability"]
         print(f"split-half reliability of the gap: τ(g^A, g^B) = {rel['tau_half']['median']:+.2f}; no measure can "
               f"reach |τ| above about {rel['tau_ceiling']:.2f} (geosharp population reliability)", file=stream)
+    for r, cells in agreement.items():
+        for m, d in cells.items():
+            print(f"{m} vs {d['vs']} at {r}: τ = {d['tau']:+.2f} [{d['ci'][0]:+.2f}, {d['ci'][1]:+.2f}], "
+                  f"median ratio {d['median_ratio']:.3g}", file=stream)
     for r, cells in paired.items():
         for m, d in cells.items():
             print(f"|τ({m})| − |τ({d['vs']})| at {r}: {d['difference']:+.2f} [{d['ci'][0]:+.2f}, "

@@ -29,6 +29,14 @@ def test_correlate_outputs(reference, tmp_path, capsys):
             expect = kendalltau(x, gap).statistic
             assert (np.isnan(t["tau"]) and np.isnan(expect)) or t["tau"] == pytest.approx(expect)
             assert len(t["ci"]) == 2 and t["n"] == N_MODELS
+    for rho in ("0.01", "0.05"):  # each geodesic measure's ranking of the models against adaptive's
+        ada = np.array([recs[m["name"]]["values"]["adaptive"][rho] for m in man["models"]])
+        for meas in ("geodesic-inv", "geodesic-mix"):
+            x = np.array([recs[m["name"]]["values"][meas][rho] for m in man["models"]])
+            a = res["measure_agreement"][rho][meas]
+            assert a["vs"] == "adaptive" and a["tau"] == pytest.approx(kendalltau(x, ada).statistic)
+            assert a["median_ratio"] == pytest.approx(np.median(x / ada))
+        assert "adaptive" not in res["measure_agreement"][rho]
     assert (out / "correlation.png").stat().st_size > 1000
     assert (out / "correlation_rho.png").stat().st_size > 1000  # τ(ρ), two ρ values
     assert (out / "correlation_tau.csv").read_text().count("\n") == 1 + 2 * 3

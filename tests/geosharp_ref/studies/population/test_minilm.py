@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from scipy.stats import kendalltau
 
 from geosharp_ref.io.models import load_model
 from geosharp_ref.sharpness.measures import MEASURES, linearised_sharpness, relative_perturbation
@@ -265,7 +266,8 @@ def test_ablations_are_paired_with_their_full_measure(recipes, tmp_path):
     names = [m["name"] for m in man["models"]]
     gap = [m["metrics"]["gap"] for m in man["models"]]
     rng = np.random.default_rng(5)
-    full = {"geodesic-mix": rng.normal(size=4), "geodesic-inv": rng.normal(size=4)}
+    full = {"geodesic-mix": rng.normal(size=4), "geodesic-inv": rng.normal(size=4),
+            "geodesic-mix-linearised": rng.normal(size=4)}
     abl = {m: rng.normal(size=4) for m in ("geodesic-mix-frobenius", "geodesic-inv-first-order")}
 
     def write(tag, cols, grid):
@@ -275,7 +277,7 @@ def test_ablations_are_paired_with_their_full_measure(recipes, tmp_path):
         (out / files[1]).write_text("".join(json.dumps(dict(model=n, gap=g, values={
             m: {grid[m][0]: float(cols[m][i])} for m in cols})) + "\n" for i, (n, g) in enumerate(zip(names, gap))))
 
-    write("", full, {"geodesic-mix": ["0.05"], "geodesic-inv": ["0.03"]})
+    write("", full, {"geodesic-mix": ["0.05"], "geodesic-inv": ["0.03"], "geodesic-mix-linearised": ["0.05"]})
     write("ablations", abl, {"geodesic-mix-frobenius": ["0.05"], "geodesic-inv-first-order": ["0.04"]})
     result = correlate_population(out, n_boot=200, plot=False, tag="ablations", stream=io.StringIO())
     got = result["paired_abs_tau_difference"]["size=0.0002"]
@@ -286,9 +288,21 @@ def test_ablations_are_paired_with_their_full_measure(recipes, tmp_path):
     assert got["geodesic-mix-frobenius"]["ci"] == pytest.approx(want["ci"])
     rows = list(csv.DictReader(open(out / "correlation-ablations_paired.csv")))
     assert [(r["measure"], r["vs"]) for r in rows] == [("geodesic-mix-frobenius", "geodesic-mix")]
-    # the untagged correlation does not pair anything with the ablations
-    assert "paired_abs_tau_difference" not in correlate_population(out, n_boot=50, plot=False,
-                                                                   stream=io.StringIO())
+    # how the ablation ranks the models against its full measure, with no gap involved
+    agree = result["measure_agreement"]["size=0.0002"]
+    assert list(agree) == ["geodesic-mix-frobenius"] and agree["geodesic-mix-frobenius"]["vs"] == "geodesic-mix"
+    assert agree["geodesic-mix-frobenius"]["tau"] == pytest.approx(
+        kendalltau(abl["geodesic-mix-frobenius"], full["geodesic-mix"]).statistic)
+    assert agree["geodesic-mix-frobenius"]["median_ratio"] == pytest.approx(
+        np.median(abl["geodesic-mix-frobenius"] / full["geodesic-mix"]))
+    # the untagged correlation does not pair anything with the ablations; its first-order measure is
+    # compared with the Auto-PGD measure it linearises (adaptive was not evaluated: no geodesic pair)
+    untagged = correlate_population(out, n_boot=50, plot=False, stream=io.StringIO())
+    assert "paired_abs_tau_difference" not in untagged
+    agree = untagged["measure_agreement"]["size=0.0002"]
+    assert list(agree) == ["geodesic-mix-linearised"] and agree["geodesic-mix-linearised"]["vs"] == "geodesic-mix"
+    assert agree["geodesic-mix-linearised"]["tau"] == pytest.approx(
+        kendalltau(full["geodesic-mix-linearised"], full["geodesic-mix"]).statistic)
 
 
 def test_cli_evaluates_one_calibrated_column(recipes, capsys):
