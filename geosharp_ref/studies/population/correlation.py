@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import kendalltau
 
 from ...io.durable import write_json_atomic
 from ...plots import plot_population_scatter, plot_tau_vs_rho
@@ -16,7 +17,7 @@ from .evaluation import evaluation_grid, read_results
 from .manifest import population_files, read_manifest
 from .reliability import RELIABILITY
 
-__all__ = ["correlate_population", "measure_agreement", "parse_where", "subset_models"]
+__all__ = ["correlate_population", "hyperparameter_tau", "measure_agreement", "parse_where", "subset_models"]
 
 
 def parse_where(items) -> dict:
@@ -113,6 +114,26 @@ def measure_agreement(x, x_ref, n_boot: int = 1000, seed: int = 0) -> dict:
                 **kendall_with_ci(x, x_ref, n_boot=n_boot, seed=seed))
 
 
+def hyperparameter_tau(names, hparams: dict, gap, columns: dict) -> dict:
+    """Kendall τ (and scipy's p) of each numeric or boolean hyper-parameter that varies over ``names`` against
+    the gap and against each measure's values (``columns``: ``{row: {measure: values}}``), to see what drives
+    the gap and what drives sharpness (a measure can track a hyper-parameter that leaves the gap alone).
+    Returns ``{hyper-parameter: {"gap": {tau, p}, row: {measure: {tau, p}}}}``; seeds are left out."""
+    def tau(x, y):
+        res = kendalltau(x, y)
+        return dict(tau=float(res.statistic), p=float(res.pvalue))
+
+    out = {}
+    for key in sorted({k for n in names for k in hparams[n]} - {"seed"}):
+        raw = [hparams[n].get(key) for n in names]
+        if not all(isinstance(v, (bool, int, float)) for v in raw) or len(set(raw)) < 2:
+            continue
+        x = np.array(raw, dtype=float)
+        out[key] = dict(gap=tau(x, gap), **{row: {m: tau(x, v) for m, v in cols.items()}
+                                            for row, cols in columns.items()})
+    return out
+
+
 def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = True, stream=None,
                          tag: str = "", where: dict | None = None) -> dict:
     """Kendall τ (with bootstrap CI) of each measure at each ρ against the gap; JSON, CSV, PNG, table.
@@ -123,7 +144,8 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
     ``reliability.json`` (:mod:`.reliability`) covers the same models, its ceiling on τ is reported beside them.
     ``measure_agreement`` compares the measures' rankings of the models with no gap involved
     (:func:`measure_agreement`): first order against Auto-PGD, geodesic against adaptive, ablation against
-    full.
+    full. ``hyperparameter_tau`` gives τ of each varying hyper-parameter against the gap and against each
+    measure (:func:`hyperparameter_tau`).
 
     ``where`` restricts the population to the models whose recorded hyper-parameters match, e.g.
     ``{"label_noise": 0}`` (outputs ``correlation-label_noise=0.*``), to see whether a correlation
@@ -191,6 +213,10 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
         result["median_relative_size"] = sizes
     if agreement:
         result["measure_agreement"] = agreement
+    drivers = hyperparameter_tau(names, hparams, gap, {row: {m: column(m, i) for m in measures}
+                                                       for i, row in enumerate(rows)})
+    if drivers:
+        result["hyperparameter_tau"] = drivers
     reliability = out / RELIABILITY  # `population reliability` ran on the same models: report its ceiling
     if not where and reliability.is_file():
         rel = json.loads(reliability.read_text())
@@ -249,6 +275,12 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
         rel = result["gap_reliability"]
         print(f"split-half reliability of the gap: τ(g^A, g^B) = {rel['tau_half']['median']:+.2f}; no measure can "
               f"reach |τ| above about {rel['tau_ceiling']:.2f} (geosharp population reliability)", file=stream)
+    if drivers:
+        print("Kendall τ of each hyper-parameter against the gap | against each measure, at "
+              + ", ".join(rows), file=stream)
+        for key, d in drivers.items():
+            print(f"  {key:>16s}: gap {d['gap']['tau']:+.2f} | " + "; ".join(
+                " ".join(f"{d[r][m]['tau']:+.2f}" for m in measures) for r in rows), file=stream)
     for r, cells in agreement.items():
         for m, d in cells.items():
             print(f"{m} vs {d['vs']} at {r}: τ = {d['tau']:+.2f} [{d['ci'][0]:+.2f}, {d['ci'][1]:+.2f}], "

@@ -1,5 +1,6 @@
 """Correlating a population (geosharp_ref.studies.population.correlation): Kendall τ per measure and ρ
 against scipy, the output files, and strata of hyper-parameters (--where)."""
+import io
 import json
 
 import numpy as np
@@ -76,3 +77,28 @@ def test_correlate_where_restricts_to_a_hyperparameter_stratum(reference, tmp_pa
     with pytest.raises(ValueError, match="KEY=VALUE"):
         pop.parse_where(["label_noise"])
     assert main(["population", "correlate", "--out", str(out), "--where", "nope=1"]) == 2
+
+
+def test_correlate_reports_what_each_hyperparameter_drives(reference, tmp_path):
+    """τ of each varying numeric or boolean hyper-parameter against the gap and against every measure, against
+    scipy; constant, non-numeric and seed hyper-parameters are left out."""
+    out = cases.copy_population(reference, tmp_path, results=True)
+    man = json.loads((out / "population.json").read_text())
+    for i, m in enumerate(man["models"]):
+        m["hparams"].update(augment=i % 2 == 0, lr=[3e-5, 1e-5, 8e-5, 2e-5][i % 4], optimizer="adamw",
+                            constant=1.0, seed=i)
+    (out / "population.json").write_text(json.dumps(man))
+    res = pop.correlate_population(out, n_boot=50, plot=False, stream=io.StringIO())["hyperparameter_tau"]
+    assert {"augment", "lr"} <= set(res) and not {"optimizer", "constant", "seed"} & set(res)
+    recs = {r["model"]: r for r in cases.jsonl(out / "results.jsonl")}
+    gap = [m["metrics"]["gap"] for m in man["models"]]
+    for key in ("augment", "lr"):
+        x = [float(m["hparams"][key]) for m in man["models"]]
+        assert res[key]["gap"]["tau"] == pytest.approx(kendalltau(x, gap).statistic)
+        assert res[key]["gap"]["p"] == pytest.approx(kendalltau(x, gap).pvalue)
+        for rho in ("0.01", "0.05"):
+            for meas in pop.MEASURES:
+                y = [recs[m["name"]]["values"][meas][rho] for m in man["models"]]
+                expect = kendalltau(x, y).statistic
+                got = res[key][rho][meas]["tau"]
+                assert (np.isnan(got) and np.isnan(expect)) or got == pytest.approx(expect)
