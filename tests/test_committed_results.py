@@ -56,8 +56,6 @@ def test_tau_recomputed_from_committed_models_csv(population):
 def test_paired_differences_recomputed_from_committed_models_csv(population):
     models_csv, tau_csv = TABLES[population]
     models = _read(models_csv)
-    full = _read(models_csv.with_name("correlation.csv"))  # the untagged evaluation: ablations' full measures
-    assert [r["model"] for r in full] == [r["model"] for r in models]
     rho = {(t["row"], t["measure"]): t["rho"] for t in _read(tau_csv)}
     gap = np.array([float(r["gap"]) for r in models])
     rows = _read(models_csv.with_name(models_csv.stem + "_paired.csv"))
@@ -66,7 +64,12 @@ def test_paired_differences_recomputed_from_committed_models_csv(population):
         r = rho[p["row"], p["measure"]]
         x = _column(models, p["measure"], r)
         r_vs = rho.get((p["row"], p["vs"]), r)  # an ablation's full measure: at the ablation's ρ
-        ref = _column(models if f"{p['vs']}@rho={r_vs}" in models[0] else full, p["vs"], r_vs)
+        if f"{p['vs']}@rho={r_vs}" in models[0]:
+            ref = _column(models, p["vs"], r_vs)
+        else:  # an ablation: its full measure is in the untagged evaluation's per-model CSV
+            full = _read(models_csv.with_name("correlation.csv"))
+            assert [r["model"] for r in full] == [r["model"] for r in models]
+            ref = _column(full, p["vs"], r_vs)
         got = paired_abs_tau_difference(x, ref, gap, n_boot=1000, seed=0)
         assert got["n"] == int(p["n"])
         assert got["difference"] == pytest.approx(float(p["abs_tau_difference"]), abs=1e-12)
