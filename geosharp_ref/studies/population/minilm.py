@@ -45,6 +45,7 @@ from pathlib import Path
 
 import torch
 
+from ...io.models import quiet_transformers
 from .task import PopulationTask, Split
 from .text import LABELS, MASK_RATE, mask_tokens, split_texts
 
@@ -182,10 +183,12 @@ class MiniLMBBCTask(PopulationTask):
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # "classifier.* newly initialised" is the point here
         try:
-            return transformers.BertForSequenceClassification.from_pretrained(
-                str(resolve_checkpoint(arch.get("checkpoint", self.source))), num_labels=arch.get("num_labels", self.num_labels), local_files_only=True,
-                attn_implementation="eager", id2label={i: c for i, c in enumerate(LABELS)},
-                label2id={c: i for i, c in enumerate(LABELS)})
+            with quiet_transformers():  # no "Loading weights" bar per model in a population's log
+                return transformers.BertForSequenceClassification.from_pretrained(
+                    str(resolve_checkpoint(arch.get("checkpoint", self.source))),
+                    num_labels=arch.get("num_labels", self.num_labels), local_files_only=True,
+                    attn_implementation="eager", id2label={i: c for i, c in enumerate(LABELS)},
+                    label2id={c: i for i, c in enumerate(LABELS)})
         finally:
             hf_logging.set_verbosity(verbosity)
 

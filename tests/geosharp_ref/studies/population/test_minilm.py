@@ -65,6 +65,23 @@ def test_seeds_population_differs_only_in_seed():
     assert len({h["seed"] for h in draws}) == 24
 
 
+def test_building_a_model_prints_no_loading_bar(tiny_checkpoint, capsys):
+    """Each model starts from the checkpoint with a fresh seeded head, and a population's log gets no
+    transformers "Loading weights" bar per model (the bar's setting is restored afterwards)."""
+    transformers.utils.logging.enable_progress_bar()
+    task = MiniLMRecipesTask(tiny_checkpoint)
+    torch.manual_seed(0)
+    a = task.build_model(task.arch)
+    torch.manual_seed(0)
+    b = task.build_model(task.arch)
+    assert "Loading weights" not in capsys.readouterr().err
+    assert transformers.utils.logging.is_progress_bar_enabled()
+    assert torch.equal(a.classifier.weight, b.classifier.weight) and a.config.num_labels == 5
+    base = transformers.BertModel.from_pretrained(str(tiny_checkpoint), local_files_only=True)
+    assert "Loading weights" in capsys.readouterr().err  # the bar this test would have seen
+    assert torch.equal(a.bert.embeddings.word_embeddings.weight, base.embeddings.word_embeddings.weight)
+
+
 def test_recipes_are_drawn_from_the_declared_space():
     task = MiniLMRecipesTask()
     draws = [task.sample_hparams(i) for i in range(40)]
