@@ -94,19 +94,35 @@ def plot_tau_vs_rho(path, cfg, table, n_models):
     fig.savefig(path, dpi=110)
 
 
-def plot_population_scatter(path, names, recs, gap, cfg, table):
-    """Paper Figures 4/5: generalisation gap against each measure at each ρ, τ and its interval in the titles."""
+def plot_population_scatter(path, names, recs, gap, cfg, table, color=None, color_label: str = ""):
+    """Paper Figures 4/5: generalisation gap against each measure at each ρ, τ and its interval in the titles.
+
+    ``color``: one value per model (e.g. a hyper-parameter); a few distinct values get one colour each and a
+    legend, more numbers get a colour map and a colour bar labelled ``color_label``. Written to ``path`` (PNG);
+    the Figure is returned."""
     rows, meas = list(table), cfg["measures"]
     grid = cfg.get("rho_grid") or {m: list(cfg["rhos"]) for m in meas}
     fig = Figure(figsize=(4.2 * len(meas), 3.4 * len(rows)), constrained_layout=True)
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(rows), len(meas), squeeze=False)
+    levels = sorted(set(color), key=str) if color is not None else []
+    categorical = 0 < len(levels) and (len(levels) <= 6 or not all(isinstance(c, (int, float)) for c in levels))
+    sc = None
     for i, row in enumerate(rows):
         for j, m in enumerate(meas):
             ax = axes[i][j]
             r = grid[m][i]
-            x = [recs[n]["values"][m][r] for n in names]
-            ax.scatter(x, gap, s=14, alpha=0.8)
+            x = np.array([recs[n]["values"][m][r] for n in names])
+            if categorical:
+                for level in levels:
+                    sel = np.array([c == level for c in color])
+                    ax.scatter(x[sel], np.asarray(gap)[sel], s=14, alpha=0.8, label=f"{color_label}={level}")
+                if i == 0 and j == 0:
+                    ax.legend(fontsize=8)
+            elif color is not None:
+                sc = ax.scatter(x, gap, s=14, alpha=0.8, c=np.asarray(color, dtype=float), cmap="viridis")
+            else:
+                ax.scatter(x, gap, s=14, alpha=0.8)
             # τ only sees ranks: a log axis shows them when the values span decades
             log = min(x) > 0 and max(x) > 20 * min(x)
             if log:
@@ -115,4 +131,7 @@ def plot_population_scatter(path, names, recs, gap, cfg, table):
             ax.set_title(f"{m}, ρ={r}: τ={t['tau']:+.2f} [{t['ci'][0]:+.2f}, {t['ci'][1]:+.2f}]", fontsize=9)
             ax.set_xlabel("sharpness (log scale)" if log else "sharpness")
             ax.set_ylabel("generalization gap")
+    if sc is not None:
+        fig.colorbar(sc, ax=axes, shrink=0.6, fraction=0.03, label=color_label)
     fig.savefig(path, dpi=110)
+    return fig

@@ -336,6 +336,9 @@ def _add_population(sub):
     c.add_argument("--where", nargs="+", default=[], metavar="KEY=VALUE",
                    help="only models with these hyper-parameters, e.g. label_noise=0 augment=false "
                         "(outputs correlation-KEY=VALUE.*)")
+    c.add_argument("--color-by", default=None, metavar="KEY",
+                   help="also plot the scatter with the models coloured by this hyper-parameter "
+                        "(correlation_by-KEY.png), e.g. augment or lr")
 
 
 def build_parser() -> argparse.ArgumentParser:

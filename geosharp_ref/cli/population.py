@@ -61,5 +61,5 @@ def run(args) -> int:
         gap_reliability(args.out, splits=args.splits, seed=args.seed, progress=not args.no_progress)
     else:
         correlate_population(args.out, n_boot=args.bootstrap, seed=args.seed, plot=not args.no_plot,
-                             tag=args.tag, where=parse_where(args.where))
+                             tag=args.tag, where=parse_where(args.where), color_by=args.color_by)
     return 0

@@ -135,7 +135,7 @@ def hyperparameter_tau(names, hparams: dict, gap, columns: dict) -> dict:
 
 
 def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = True, stream=None,
-                         tag: str = "", where: dict | None = None) -> dict:
+                         tag: str = "", where: dict | None = None, color_by: str | None = None) -> dict:
     """Kendall τ (with bootstrap CI) of each measure at each ρ against the gap; JSON, CSV, PNG, table.
 
     Paired differences |τ(m)| − |τ(vs)| on the same bootstrap resamples: each geodesic measure against its
@@ -149,7 +149,8 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
 
     ``where`` restricts the population to the models whose recorded hyper-parameters match, e.g.
     ``{"label_noise": 0}`` (outputs ``correlation-label_noise=0.*``), to see whether a correlation
-    survives within a stratum or is carried by one hyper-parameter."""
+    survives within a stratum or is carried by one hyper-parameter. ``color_by`` (a recorded hyper-parameter)
+    adds the scatter plot with the models coloured by it (``correlation_by-KEY.png``)."""
     out = Path(out)
     stream = stream or sys.stdout
     manifest = read_manifest(out)
@@ -171,6 +172,9 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
                          f"{f' matching {where}' if where else ''}; Kendall τ needs at least 3"
                          f"{'' if where else '; run `geosharp population evaluate` first'}")
     hkeys = sorted({k for n in names for k in hparams[n]})
+    if color_by is not None and color_by not in hkeys:
+        raise ValueError(f"--color-by {color_by!r} is not a recorded hyper-parameter; this population records "
+                         f"{hkeys or 'none (an imported population has no hyper-parameters)'}")
     gap = np.array([metrics[n]["gap"] for n in names])
     rows, grid = evaluation_grid(cfg)
     measures = cfg["measures"]
@@ -250,6 +254,11 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
     if plot:
         plot_population_scatter(stem.with_suffix(".png"), names, recs, gap, cfg, table)
         result["plot"] = str(stem.with_suffix(".png"))
+        if color_by is not None:
+            by = stem.with_name(f"{stem.name}_by-{color_by}.png")
+            plot_population_scatter(by, names, recs, gap, cfg, table, color=[hparams[n].get(color_by) for n in names],
+                                    color_label=color_by)
+            result["plot_by"] = str(by)
         if len(rows) > 1:
             plot_tau_vs_rho(stem.with_name(stem.name + "_rho.png"), cfg, table, len(names))
             result["plot_rho"] = str(stem.with_name(stem.name + "_rho.png"))
@@ -291,6 +300,6 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
                   f"{d['ci'][1]:+.2f}]", file=stream)
     written = [stem.with_suffix(".json"), stem.with_suffix(".csv"), stem.with_name(stem.name + "_tau.csv")]
     written += [stem.with_name(stem.name + "_paired.csv")] if paired else []
-    written += [Path(result[k]) for k in ("plot", "plot_rho") if k in result]
+    written += [Path(result[k]) for k in ("plot", "plot_by", "plot_rho") if k in result]
     print("written: " + ", ".join(map(str, written)), file=stream)
     return result

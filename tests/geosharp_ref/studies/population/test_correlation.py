@@ -102,3 +102,17 @@ def test_correlate_reports_what_each_hyperparameter_drives(reference, tmp_path):
                 expect = kendalltau(x, y).statistic
                 got = res[key][rho][meas]["tau"]
                 assert (np.isnan(got) and np.isnan(expect)) or got == pytest.approx(expect)
+
+
+def test_correlate_colours_the_scatter_by_a_hyperparameter(reference, tmp_path, capsys):
+    out = cases.copy_population(reference, tmp_path, results=True)
+    man = json.loads((out / "population.json").read_text())
+    for i, m in enumerate(man["models"]):
+        m["hparams"]["augment"] = i % 2 == 0
+    (out / "population.json").write_text(json.dumps(man))
+    assert main(["population", "correlate", "--out", str(out), "--bootstrap", "50", "--color-by", "augment"]) == 0
+    assert "correlation_by-augment.png" in capsys.readouterr().out
+    assert (out / "correlation_by-augment.png").stat().st_size > 1000
+    assert main(["population", "correlate", "--out", str(out), "--color-by", "dropout"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("geosharp: error: --color-by 'dropout' is not a recorded hyper-parameter") and "augment" in err
