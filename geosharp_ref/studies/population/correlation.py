@@ -172,6 +172,8 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
                          f"{f' matching {where}' if where else ''}; Kendall τ needs at least 3"
                          f"{'' if where else '; run `geosharp population evaluate` first'}")
     hkeys = sorted({k for n in names for k in hparams[n]})
+    if color_by is not None and not plot:
+        raise ValueError("--color-by draws a plot; drop --no-plot")
     if color_by is not None and color_by not in hkeys:
         raise ValueError(f"--color-by {color_by!r} is not a recorded hyper-parameter; this population records "
                          f"{hkeys or 'none (an imported population has no hyper-parameters)'}")

@@ -1,6 +1,6 @@
 """The population rows of the README's bad-input table (the others: tests/geosharp_ref/cli/test_bad_input.py):
 an empty population, a corrupt manifest, two evaluations of one directory at once, and a full disk while
-results are written. Each gives one line ``geosharp: error: …`` and exit code 2, and nothing already written
+results are written, a hyper-parameter the population does not record. Each gives one line ``geosharp: error: …`` and exit code 2, and nothing already written
 is lost: a rerun completes the evaluation with exactly the uninterrupted run's results."""
 import errno
 import json
@@ -92,3 +92,15 @@ def test_calibration_columns_need_a_calibration(trained, tmp_path, capsys):
     line = _error_line(capsys, _evaluate_argv(out) + ["--calibration", "--sizes", "2e-4"])
     assert "calibration.json does not exist" in line
     assert not (out / "results.jsonl").exists()
+
+
+def test_correlate_names_only_recorded_hyperparameters(reference, tmp_path, capsys):
+    out = cases.copy_population(reference, tmp_path, results=True)
+    argv = ["population", "correlate", "--out", str(out), "--bootstrap", "20"]
+    line = _error_line(capsys, argv + ["--where", "dropout=0.1"])
+    assert "--where names unknown hyper-parameters ['dropout']; this population records [" in line
+    line = _error_line(capsys, argv + ["--color-by", "dropout"])
+    assert "--color-by 'dropout' is not a recorded hyper-parameter; this population records [" in line
+    assert _error_line(capsys, argv + ["--color-by", "seed", "--no-plot"]).endswith(
+        "--color-by draws a plot; drop --no-plot")
+    assert not list(out.glob("correlation*"))
