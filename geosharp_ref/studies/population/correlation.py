@@ -49,12 +49,12 @@ def where_suffix(where: dict) -> str:
     return "".join(f"-{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in sorted(where.items()))
 
 
-def _adaptive_counterpart(measure: str):
-    """The adaptive measure a geodesic one is compared with: ``adaptive`` (or ``adaptive-linearised`` for a
-    first-order measure); None for an adaptive measure."""
-    if not measure.startswith("geodesic-"):
+def _adaptive_counterpart(meas):
+    """The adaptive measure a non-ablated geodesic :class:`Measure` is compared with: ``adaptive`` (or
+    ``adaptive-linearised`` for a first-order measure); None for an adaptive measure."""
+    if meas.metric is None:
         return None
-    return "adaptive-linearised" if measure.endswith("-linearised") else "adaptive"
+    return "adaptive-linearised" if meas.linearised else "adaptive"
 
 
 def _full_counterpart(measure: str):
@@ -84,22 +84,6 @@ def _full_columns(out: Path, names, measures, grid, rows) -> dict:
                                                for n in names):
                 cols[row, m] = (full, np.array([main_recs[n]["values"][full][rho] for n in names]))
     return cols
-
-
-def _agreement_counterpart(measure: str, measures, full_column=None):
-    """``(vs, values)``: the measure whose ranking of the models ``measure`` is compared with, and its
-    values where they come from another evaluation (else None, to be read from this one). A first-order
-    ``*-linearised`` measure against the Auto-PGD measure it linearises, a headline geodesic measure against
-    ``adaptive``, an ablation against its full measure (``full_column`` from :func:`_full_columns`);
-    ``(None, None)`` where the counterpart was not evaluated."""
-    meas = get_measure(measure)
-    if meas.linearised:
-        vs = meas.base
-    elif meas.ablated:
-        return full_column if full_column is not None else (None, None)
-    else:
-        vs = _adaptive_counterpart(measure)
-    return (vs, None) if vs in measures else (None, None)
 
 
 def measure_agreement(x, x_ref, n_boot: int = 1000, seed: int = 0) -> dict:
@@ -182,35 +166,37 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
     measures = cfg["measures"]
     per_grid = "rho_grid" in cfg
 
-    def column(m, i):
-        return np.array([recs[n]["values"][m][grid[m][i]] for n in names])
-
-    table, paired, sizes, agreement = {}, {}, {}, {}
+    table, paired, sizes, agreement, columns = {}, {}, {}, {}, {}
     full = _full_columns(out, names, measures, grid, rows) if tag else {}
     for i, row in enumerate(rows):
         table[row] = {}
+        cols = columns[row] = {m: np.array([recs[n]["values"][m][grid[m][i]] for n in names]) for m in measures}
         for m in measures:
-            table[row][m] = kendall_with_ci(column(m, i), gap, n_boot=n_boot, seed=seed)
+            table[row][m] = kendall_with_ci(cols[m], gap, n_boot=n_boot, seed=seed)
             if per_grid:
                 table[row][m]["rho"] = grid[m][i]
             rel = [recs[n].get("relative_size", {}).get(m, {}).get(grid[m][i]) for n in names]
             if all(r is not None for r in rel):
                 sizes.setdefault(row, {})[m] = float(np.median(rel))
-        for m in measures:  # each geodesic measure against its adaptive counterpart, on the same resamples
-            base = _adaptive_counterpart(m)
-            if base in measures:
-                paired.setdefault(row, {})[m] = dict(vs=base, **paired_abs_tau_difference(
-                    column(m, i), column(base, i), gap, n_boot=n_boot, seed=seed))
-            elif (row, m) in full:  # an ablation against its full measure (untagged evaluation, same ρ)
-                base, values = full[row, m]
-                paired.setdefault(row, {})[m] = dict(vs=base, **paired_abs_tau_difference(
-                    column(m, i), values, gap, n_boot=n_boot, seed=seed))
-        for m in measures:  # how far two measures of the same models agree, whatever the gap does
-            vs, values = _agreement_counterpart(m, measures, full.get((row, m)))
-            if vs is not None:
-                values = column(vs, i) if values is None else values
-                agreement.setdefault(row, {})[m] = dict(vs=vs, **measure_agreement(
-                    column(m, i), values, n_boot=n_boot, seed=seed))
+        # |τ| paired on the same resamples, and how two measures of the same models agree (no gap involved)
+        for m in measures:
+            meas = get_measure(m)
+            if meas.ablated:  # against its full measure: the untagged evaluation at the same ρ
+                if (row, m) in full:
+                    base, values = full[row, m]
+                    paired.setdefault(row, {})[m] = dict(vs=base, **paired_abs_tau_difference(
+                        cols[m], values, gap, n_boot=n_boot, seed=seed))
+                    agreement.setdefault(row, {})[m] = dict(vs=base, **measure_agreement(
+                        cols[m], values, n_boot=n_boot, seed=seed))
+                continue
+            ada = _adaptive_counterpart(meas)
+            if ada in cols:  # a geodesic measure against its adaptive counterpart
+                paired.setdefault(row, {})[m] = dict(vs=ada, **paired_abs_tau_difference(
+                    cols[m], cols[ada], gap, n_boot=n_boot, seed=seed))
+            ref = meas.base if meas.linearised else ada  # first order against the Auto-PGD measure it linearises
+            if ref in cols:
+                agreement.setdefault(row, {})[m] = dict(vs=ref, **measure_agreement(
+                    cols[m], cols[ref], n_boot=n_boot, seed=seed))
     result = dict(models=len(names), missing=missing, bootstrap=n_boot, tau=table, evaluation=cfg,
                   gap=dict(min=float(gap.min()), max=float(gap.max()), mean=float(gap.mean())), where=where)
     if paired:
@@ -219,8 +205,7 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
         result["median_relative_size"] = sizes
     if agreement:
         result["measure_agreement"] = agreement
-    drivers = hyperparameter_tau(names, hparams, gap, {row: {m: column(m, i) for m in measures}
-                                                       for i, row in enumerate(rows)})
+    drivers = hyperparameter_tau(names, hparams, gap, columns)
     if drivers:
         result["hyperparameter_tau"] = drivers
     reliability = out / RELIABILITY  # `population reliability` ran on the same models: report its ceiling
