@@ -94,18 +94,25 @@ def plot_tau_vs_rho(path, cfg, table, n_models):
     fig.savefig(path, dpi=110)
 
 
+def _level_order(level):
+    """Legend order of a hyper-parameter's levels: numbers (and booleans) by value, anything else by its text,
+    so learning rates read 1e-05, 3e-05, 0.0001 rather than in string order."""
+    numeric = isinstance(level, (int, float))
+    return (not numeric, level if numeric else 0, "" if numeric else str(level))
+
+
 def plot_population_scatter(path, names, recs, gap, cfg, table, color=None, color_label: str = ""):
     """Paper Figures 4/5: generalisation gap against each measure at each ρ, τ and its interval in the titles.
 
     ``color``: one value per model (e.g. a hyper-parameter); a few distinct values get one colour each and a
-    legend, more numbers get a colour map and a colour bar labelled ``color_label``. Written to ``path`` (PNG);
-    the Figure is returned."""
+    legend (numbers in increasing order), more numbers get a colour map and a colour bar labelled
+    ``color_label``. Written to ``path`` (PNG); the Figure is returned."""
     rows, meas = list(table), cfg["measures"]
     grid = cfg.get("rho_grid") or {m: list(cfg["rhos"]) for m in meas}
     fig = Figure(figsize=(4.2 * len(meas), 3.4 * len(rows)), constrained_layout=True)
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(rows), len(meas), squeeze=False)
-    levels = sorted(set(color), key=str) if color is not None else []
+    levels = sorted(set(color), key=_level_order) if color is not None else []
     categorical = 0 < len(levels) and (len(levels) <= 6 or not all(isinstance(c, (int, float)) for c in levels))
     sc = None
     for i, row in enumerate(rows):

@@ -31,11 +31,11 @@ import numpy as np
 import torch
 from scipy.stats import kendalltau
 
-from ...io.data import slice_inputs
 from ...io.durable import append_line, read_jsonl, write_json_atomic
 from .evaluation import load_population_model
 from .manifest import read_manifest
 from .tasks import get_task
+from .training import batched_logits
 
 __all__ = ["predict_test_set", "split_half_gaps", "gap_reliability", "PREDICTIONS", "RELIABILITY"]
 
@@ -71,9 +71,7 @@ def _predictions(out: Path, manifest: dict, split, batch_size: int, threads, pro
 
     for m in tqdm(todo, desc="test predictions", unit="model", disable=not progress or not todo):
         model = load_population_model(out, m).eval()
-        with torch.no_grad():
-            pred = torch.cat([model(**slice_inputs(split.test, slice(i, i + batch_size))).logits.argmax(-1)
-                              for i in range(0, len(y), batch_size)])
+        pred = torch.cat([logits.argmax(-1) for _, logits in batched_logits(model, split.test, len(y), batch_size)])
         error = float((pred != y).float().mean())
         recorded = m["metrics"]["test_error"]
         if abs(error - recorded) * len(y) > 1.5:

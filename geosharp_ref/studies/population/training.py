@@ -37,7 +37,7 @@ from .manifest import MANIFEST, MANIFEST_FORMAT
 from .task import PopulationTask, Split
 from .tasks import get_task
 
-__all__ = ["sample_hparams", "train_one", "train_population", "error_and_loss", "lr_factor"]
+__all__ = ["sample_hparams", "train_one", "train_population", "error_and_loss", "batched_logits", "lr_factor"]
 
 
 def sample_hparams(index: int, seed: int = 0, epochs_max: int | None = None, train_size_max: int | None = None,
@@ -47,13 +47,20 @@ def sample_hparams(index: int, seed: int = 0, epochs_max: int | None = None, tra
     return task.sample_hparams(index, seed, epochs_max, train_size_max)
 
 
-def error_and_loss(model, inputs, y, bs=256):
+def batched_logits(model, inputs, n: int, bs: int = 256):
+    """The logits of ``model`` on the ``n`` examples of ``inputs``, without gradients, in batches of ``bs``:
+    yields ``(batch slice, logits (batch, classes))`` in order."""
     with torch.no_grad():
-        wrong, loss = 0, 0.0
-        for i in range(0, len(y), bs):
-            logits = model(**slice_inputs(inputs, slice(i, i + bs))).logits
-            wrong += int((logits.argmax(-1) != y[i:i + bs]).sum())
-            loss += float(torch.nn.functional.cross_entropy(logits, y[i:i + bs], reduction="sum"))
+        for i in range(0, n, bs):
+            yield slice(i, i + bs), model(**slice_inputs(inputs, slice(i, i + bs))).logits
+
+
+def error_and_loss(model, inputs, y, bs=256):
+    """``(error, mean cross-entropy)`` of ``model`` on ``inputs`` with labels ``y`` (argmax prediction)."""
+    wrong, loss = 0, 0.0
+    for s, logits in batched_logits(model, inputs, len(y), bs):
+        wrong += int((logits.argmax(-1) != y[s]).sum())
+        loss += float(torch.nn.functional.cross_entropy(logits, y[s], reduction="sum"))
     return wrong / len(y), loss / len(y)
 
 
