@@ -94,13 +94,6 @@ def plot_tau_vs_rho(path, cfg, table, n_models):
     fig.savefig(path, dpi=110)
 
 
-def _level_order(level):
-    """Legend order of a hyper-parameter's levels: numbers (and booleans) by value, anything else by its text,
-    so learning rates read 1e-05, 3e-05, 0.0001 rather than in string order."""
-    numeric = isinstance(level, (int, float))
-    return (not numeric, level if numeric else 0, "" if numeric else str(level))
-
-
 def plot_population_scatter(path, names, recs, gap, cfg, table, color=None, color_label: str = ""):
     """Paper Figures 4/5: generalisation gap against each measure at each ρ, τ and its interval in the titles.
 
@@ -112,8 +105,10 @@ def plot_population_scatter(path, names, recs, gap, cfg, table, color=None, colo
     fig = Figure(figsize=(4.2 * len(meas), 3.4 * len(rows)), constrained_layout=True)
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(rows), len(meas), squeeze=False)
-    levels = sorted(set(color), key=_level_order) if color is not None else []
-    categorical = 0 < len(levels) and (len(levels) <= 6 or not all(isinstance(c, (int, float)) for c in levels))
+    numeric = color is not None and all(isinstance(c, (int, float)) for c in color)
+    # numbers (and booleans) by value, so learning rates read 1e-05, 3e-05, 0.0001; anything else by its text
+    levels = sorted(set(color), key=None if numeric else str) if color is not None else []
+    categorical = 0 < len(levels) and (len(levels) <= 6 or not numeric)
     sc = None
     for i, row in enumerate(rows):
         for j, m in enumerate(meas):

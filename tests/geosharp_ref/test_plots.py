@@ -28,16 +28,15 @@ def test_uncoloured_panels_hold_every_model(tmp_path):
     assert np.allclose(ax.collections[0].get_offsets(), want)
 
 
-LEARNING_RATES = [1e-4, 2e-5, 3e-5, 1e-5] * 3  # in string order 0.0001 would come first
-
-
-@pytest.mark.parametrize("color", [[True, False] * 4, ["a", "b", "c"] * 3 + ["d"] * 4, list(range(8))[::-1] * 2,
-                                   LEARNING_RATES])
-def test_coloured_by_a_hyperparameter(tmp_path, color):
+@pytest.mark.parametrize("color, levels", [
+    ([True, False] * 4, [False, True]),
+    (["a", "b", "c"] * 3 + ["d"] * 4, ["a", "b", "c", "d"]),
+    (list(range(8))[::-1] * 2, list(range(8))),
+    ([1e-4, 2e-5, 3e-5, 1e-5] * 3, [1e-5, 2e-5, 3e-5, 1e-4]),  # by value: in string order 0.0001 comes first
+])
+def test_coloured_by_a_hyperparameter(tmp_path, color, levels):
     names, recs, gap, cfg, table = _population(len(color), seed=1)
     fig = plot_population_scatter(tmp_path / "c.png", names, recs, gap, cfg, table, color=color, color_label="h")
-    numeric = all(isinstance(c, (int, float)) for c in color)
-    levels = sorted(set(color)) if numeric else sorted(set(color), key=str)  # legend: numbers by value
     ax = fig.axes[1]  # first row, geodesic-mix
     x = np.array([recs[n]["values"]["geodesic-mix"]["0.005"] for n in names])
     if len(levels) <= 6:  # one series per level, each holding exactly that level's models, and a legend

@@ -49,10 +49,12 @@ def sample_hparams(index: int, seed: int = 0, epochs_max: int | None = None, tra
 
 def batched_logits(model, inputs, n: int, bs: int = 256):
     """The logits of ``model`` on the ``n`` examples of ``inputs``, without gradients, in batches of ``bs``:
-    yields ``(batch slice, logits (batch, classes))`` in order."""
-    with torch.no_grad():
-        for i in range(0, n, bs):
-            yield slice(i, i + bs), model(**slice_inputs(inputs, slice(i, i + bs))).logits
+    yields ``(batch slice, logits (batch, classes))`` in order. Gradient mode is restored before each yield,
+    so a caller that stops early does not leave it off."""
+    for i in range(0, n, bs):
+        with torch.no_grad():
+            logits = model(**slice_inputs(inputs, slice(i, i + bs))).logits
+        yield slice(i, i + bs), logits
 
 
 def error_and_loss(model, inputs, y, bs=256):

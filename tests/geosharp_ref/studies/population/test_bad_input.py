@@ -1,7 +1,8 @@
 """The population rows of the README's bad-input table (the others: tests/geosharp_ref/cli/test_bad_input.py):
-an empty population, a corrupt manifest, two evaluations of one directory at once, and a full disk while
-results are written, a hyper-parameter the population does not record. Each gives one line ``geosharp: error: …`` and exit code 2, and nothing already written
-is lost: a rerun completes the evaluation with exactly the uninterrupted run's results."""
+an empty population, a corrupt manifest, two evaluations of one directory at once, a full disk while results
+are written, and a hyper-parameter the population does not record. Each gives one line ``geosharp: error: …``
+and exit code 2, and nothing already written is lost: a rerun completes the evaluation with exactly the
+uninterrupted run's results."""
 import errno
 import json
 import os

@@ -2,10 +2,13 @@
 deterministically, the directory layout, resuming only missing models, worker processes."""
 import json
 import shutil
+import types
 
 import pytest
+import torch
 
 from geosharp_ref.studies import population as pop
+from geosharp_ref.studies.population import training
 from tests import cases
 
 N_MODELS = cases.POPULATION_MODELS
@@ -67,3 +70,35 @@ def test_two_worker_processes_match_in_process(trained, tmp_path):
         a = json.loads((trained / f"models/model_{i:03d}/geosharp_model.json").read_text())
         b = json.loads((out / f"models/model_{i:03d}/geosharp_model.json").read_text())
         assert a["metrics"] == b["metrics"]
+
+
+class _Linear(torch.nn.Module):
+    """A stand-in classifier with the Hugging Face call convention: ``model(x=…).logits``."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(5, 3)
+
+    def forward(self, x):
+        return types.SimpleNamespace(logits=self.lin(x))
+
+
+@pytest.mark.parametrize("n, bs", [(10, 4), (8, 8), (3, 256)])
+def test_error_and_loss_in_batches_equal_one_pass(n, bs):
+    torch.manual_seed(n)
+    model, x, y = _Linear(), torch.randn(n, 5), torch.randint(0, 3, (n,))
+    with torch.no_grad():  # the one-pass reference
+        logits = model.lin(x)
+    error, loss = training.error_and_loss(model, dict(x=x), y, bs=bs)
+    assert error == int((logits.argmax(-1) != y).sum()) / n
+    assert loss == pytest.approx(float(torch.nn.functional.cross_entropy(logits, y)), rel=1e-6)
+    batches = list(training.batched_logits(model, dict(x=x), n, bs))
+    assert [s.start for s, _ in batches] == list(range(0, n, bs))
+    assert torch.allclose(torch.cat([lg for _, lg in batches]), logits, atol=1e-6)
+    assert not any(lg.requires_grad for _, lg in batches)
+
+
+def test_batched_logits_leave_gradients_on_when_stopped_early():
+    gen = training.batched_logits(_Linear(), dict(x=torch.randn(10, 5)), 10, 4)
+    next(gen)
+    assert torch.is_grad_enabled()
