@@ -1,0 +1,98 @@
+"""The re-analysis of committed populations (signed contrast, attenuation, partial τ, power): unit checks and
+``docs/minilm/*/reanalysis.json`` recomputed from the committed per-model files."""
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.stats import kendalltau
+
+from geosharp_ref.stats import paired_abs_tau_difference
+from geosharp_ref.studies.population.reanalysis import (REANALYSIS, attenuated_tau, contrast_power, kendall_null_sd,
+                                                        kendall_power, partial_tau, partial_tau_difference,
+                                                        reanalyse, signed_tau_difference)
+
+DOCS = Path(__file__).resolve().parents[4] / "docs"
+
+
+def _data(n=30, seed=1):
+    rng = np.random.default_rng(seed)
+    g = rng.standard_normal(n)
+    return g + rng.standard_normal(n), 0.3 * g + rng.standard_normal(n), g
+
+
+def test_signed_difference_point_and_paired_resamples():
+    x1, x2, y = _data()
+    got = signed_tau_difference(x1, x2, y, n_boot=200, seed=3)
+    assert got["difference"] == pytest.approx(kendalltau(x1, y).statistic - kendalltau(x2, y).statistic)
+    assert got["ci"][0] <= got["mean"] <= got["ci"][1] and got["n"] == 30
+    # every τ positive on every resample: the signed and the absolute contrast coincide (the same resamples)
+    a = 5 * y + 0.1 * x1
+    b = 5 * y + x2
+    s, ab = signed_tau_difference(a, b, y, n_boot=200, seed=3), paired_abs_tau_difference(a, b, y, n_boot=200, seed=3)
+    assert s["difference"] == pytest.approx(ab["difference"])
+    assert s["ci"] == pytest.approx(ab["ci"])
+
+
+def test_signed_difference_sign_where_abs_is_biased():
+    x1, x2, y = _data()
+    got = signed_tau_difference(-x2, x2, y, n_boot=100)  # τ(−x, y) − τ(x, y) = −2 τ(x, y); |…| gives 0
+    assert got["difference"] == pytest.approx(-2 * kendalltau(x2, y).statistic)
+    assert paired_abs_tau_difference(-x2, x2, y, n_boot=100)["difference"] == pytest.approx(0, abs=1e-12)
+
+
+def test_attenuated_tau():
+    assert attenuated_tau(0.28, 1.0) == pytest.approx(0.28)
+    assert attenuated_tau(0.28, 0.0) == 0.0
+    # by hand: sin(0.14π) = 0.42578, × √0.377 = 0.26143, arcsin = 0.26449, × 2/π = 0.16838
+    assert attenuated_tau(0.28, 0.377) == pytest.approx(0.16838, abs=2e-5)
+    assert attenuated_tau(-0.28, 0.5) == pytest.approx(-attenuated_tau(0.28, 0.5))
+
+
+def test_partial_tau():
+    x, _, y = _data(n=40)
+    z = np.random.default_rng(9).standard_normal(40)
+    txy, txz, tyz = (kendalltau(a, b).statistic for a, b in ((x, y), (x, z), (y, z)))
+    assert partial_tau(x, y, z) == pytest.approx((txy - txz * tyz) / math.sqrt((1 - txz ** 2) * (1 - tyz ** 2)))
+    w = x + np.random.default_rng(4).standard_normal(40)
+    d = partial_tau_difference(x, w, y, z, n_boot=200)
+    assert d["difference"] == pytest.approx(partial_tau(x, y, z) - partial_tau(w, y, z))
+    assert d["ci"][0] < d["ci"][1]
+    assert math.isnan(partial_tau_difference(x, z, y, z, n_boot=20)["ci"][0])  # τ(z, y | z) is undefined
+
+
+def test_power():
+    assert kendall_null_sd(40) == pytest.approx(math.sqrt(2 * 85 / (9 * 40 * 39)))
+    assert kendall_power(0.0, 40, sims=2000) == pytest.approx(0.05, abs=0.02)
+    assert kendall_power(0.4, 40, sims=1000) > 0.9
+    assert contrast_power(0.3, 0.0, 0.7, 80, sims=500)["power"] > 0.9
+    with pytest.raises(ValueError, match="not jointly possible"):
+        contrast_power(0.9, -0.9, 0.9, 20, sims=10)
+
+
+@pytest.mark.parametrize("population", sorted(p.parent.name for p in (DOCS / "minilm").glob(f"*/{REANALYSIS}")))
+def test_committed_reanalysis_recomputed(population):
+    out = DOCS / "minilm" / population
+    committed = json.loads((out / REANALYSIS).read_text())
+    got = json.loads(json.dumps(reanalyse(out, write=False)))
+
+    def close(a, b, path="") :
+        if isinstance(a, dict):
+            assert set(a) == set(b), path
+            for k in a:
+                close(a[k], b[k], f"{path}/{k}")
+        elif isinstance(a, list):
+            assert len(a) == len(b), path
+            for i, (u, v) in enumerate(zip(a, b)):
+                close(u, v, f"{path}[{i}]")
+        elif isinstance(a, float):
+            assert a == pytest.approx(b, abs=1e-9, nan_ok=True), path
+        else:
+            assert a == b, path
+
+    close(committed, got)
+
+
+def test_reanalysis_committed_for_both_minilm_populations():
+    assert {p.parent.name for p in (DOCS / "minilm").glob(f"*/{REANALYSIS}")} >= {"seeds", "recipes"}
