@@ -263,6 +263,11 @@ def reanalyse(out, n_boot: int = 1000, seed: int = 0, sims: int = 2000, paper: d
                     c["power_for_paper_attenuated"] = contrast_power(
                         paper_att[base], paper_att[vs.replace("-linearised", "")], between, n, sims=sims,
                         seed=seed)["power"]
+            idx = _paired_rows(n, n_boot, seed)  # the |τ| contrast of `correlate` on the same resamples
+            c["abs_difference"] = float(abs(kendalltau(col[row, m], gap).statistic)
+                                        - abs(kendalltau(col[row, vs], gap).statistic))
+            c["abs_difference_bootstrap_mean"] = float(np.nanmean(
+                np.abs(kendall_tau_b(col[row, m][idx], gap[idx])) - np.abs(kendall_tau_b(col[row, vs][idx], gap[idx]))))
             c["given_train_error"] = partial_tau_difference(col[row, m], col[row, vs], gap, train, n_boot=n_boot,
                                                             seed=seed)
             contrast[row][f"{m} - {vs}"] = c
