@@ -228,8 +228,16 @@ class TweetsRecipesTask(TweetsTask):
 
 
 class TweetsPilotTask(TweetsTask):
+    """The pilot: the corners of the recipe space, on the population's training set (the first ``pool``
+    documents of the same permutation), with a one-document test set: the pilot is judged on training behaviour
+    only, so it measures no test error (its recorded test error is that of one document, meaningless by design)
+    and skips the 36,173-document inference, about half of a pilot model's cost (protocol, amendment 1)."""
+
     name = "tweets-pilot"
     kind = "finetune-minilm-tweets-pilot"
+
+    def data_spec(self, split_seed: int, n_test: int | None = None) -> dict:
+        return super().data_spec(split_seed, 1 if n_test is None else n_test)
 
     def sample_hparams(self, index: int, seed: int = 0, epochs_max=None, train_size_max=None) -> dict:
         """Corner ``index`` of :data:`PILOT_CORNERS` (cycling), with a seed drawn as for the recipes."""

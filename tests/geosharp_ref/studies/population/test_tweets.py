@@ -91,6 +91,15 @@ def test_pilot_trains_the_declared_corners():
     assert get_task("tweets-pilot").name == "tweets-pilot" and get_task("tweets-recipes").name == "tweets-recipes"
 
 
+def test_pilot_trains_on_the_population_training_set_and_measures_no_test_error():
+    full, pilot = TweetsRecipesTask().data_spec(0), TweetsPilotTask().data_spec(0)
+    assert pilot["n_test"] == 1 and {k: v for k, v in pilot.items() if k != "n_test"} == \
+        {k: v for k, v in full.items() if k != "n_test"}
+    a, ya, _, _ = tweets_split(full)
+    b, yb, _, _ = tweets_split(pilot)
+    assert a[:POOL] == b[:POOL] and torch.equal(ya[:POOL], yb[:POOL])
+
+
 def test_protocol_constants():
     assert EVALUATION_PROTOCOL["batches"] * EVALUATION_PROTOCOL["batch_size"] >= 512
     assert EVALUATION_PROTOCOL["batches"] * EVALUATION_PROTOCOL["batch_size"] <= POOL
