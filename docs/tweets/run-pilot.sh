@@ -1,0 +1,6 @@
+#!/bin/bash
+# The tweets pilot (docs/tweets/PROTOCOL.md), from the snapshot worktree /work/pop-run; resumable.
+cd /work/pop-run
+export PYTHONPATH=/work/pop-run OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
+exec nice -n 19 /work/main/.venv/bin/python -c "import geosharp_ref; assert geosharp_ref.__file__.startswith('/work/pop-run'), geosharp_ref.__file__; import sys; from geosharp_ref.cli import main; sys.exit(main(sys.argv[1:]))" \
+    population train --task tweets-pilot --models 4 --out /work/populations/tweets/pilot --workers 1
