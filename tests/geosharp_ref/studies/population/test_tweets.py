@@ -154,3 +154,26 @@ def test_holm_and_pilot_judge(tmp_path):
     assert not got["complete"] and not got["passed"]
     assert [v["passed"] for v in got["models"].values()] == [True, False, True]
     assert "test_error" not in json.dumps(got)  # the pilot is judged on training behaviour only
+
+
+def test_protocol_document_states_the_code_constants():
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[4] / "docs" / "tweets"
+    text = (docs / "PROTOCOL.md").read_text()
+    for s in ("36,173", "1,024", "37,197", "n = 80", "4 fixed batches of 128", "20 iterations",
+              "2e-5, 2e-4, 1e-3, 1e-2", "ρ = 0.03 and 0.3", "[4e-5, 2e-4]", "6–10", "train error ≤ 0.05"):
+        assert s in text, s
+    assert EVALUATION_PROTOCOL["probe_rhos"] == (0.03, 0.3) and RECIPE_SPACE["lr"] == (4e-5, 2e-4)
+
+
+def test_committed_power_statement_cell_recomputes():
+    from pathlib import Path
+
+    from geosharp_ref.studies.population.reanalysis import attenuated_tau, kendall_power, min_detectable_tau
+
+    power = json.loads((Path(__file__).resolve().parents[4] / "docs" / "tweets" / "power.json").read_text())
+    assert power["models"] == 80 and power["min_detectable_tau_80"] == min_detectable_tau(80, sims=power["sims"])
+    cell = power["by_reliability"]["R=0.9"]
+    assert cell["paper_attenuated"]["geodesic-inv"] == pytest.approx(attenuated_tau(0.28, 0.9))
+    assert cell["power_single_tau"]["geodesic-inv"] == kendall_power(attenuated_tau(0.28, 0.9), 80, sims=power["sims"])
