@@ -16,7 +16,8 @@ COMMANDS = {"derive": "derive", "demo": "demo", "evaluate": "evaluate", "verify"
 
 # Kept in step with geosharp_ref.studies.population.tasks.TASKS and geosharp_ref.sharpness.measures.MEASURES
 # (tests check both); spelled out here so that building the parser imports neither.
-POPULATION_TASKS = ("vision", "text", "minilm-seeds", "minilm-recipes", "tweets-recipes", "tweets-pilot")
+POPULATION_TASKS = ("vision", "text", "minilm-seeds", "minilm-recipes", "tweets-recipes", "tweets-pilot",
+                    *(f"tweets-pilot-{k}" for k in range(1, 6)))
 MEASURE_NAMES = ("adaptive", "geodesic-inv", "geodesic-mix", "geodesic-inv-first-order",
                  "geodesic-mix-first-order", "geodesic-inv-frobenius", "geodesic-mix-frobenius",
                  "adaptive-linearised", "geodesic-inv-linearised", "geodesic-mix-linearised")

