@@ -30,7 +30,7 @@ from .reanalysis import (PAPER_MNLI_TAU, attenuated_tau, contrast_power, kendall
                          min_detectable_tau, reanalyse)
 from .tweets import N_MODELS, PILOT_CORNERS
 
-__all__ = ["power_statement", "judge_pilot", "analyse", "holm", "PILOT_MAX_TRAIN_ERROR", "MIN_RELIABILITY"]
+__all__ = ["power_statement", "judge_pilot", "analyse", "holm", "ablation_contrasts", "PILOT_MAX_TRAIN_ERROR", "MIN_RELIABILITY"]
 
 PILOT_MAX_TRAIN_ERROR = 0.05
 MIN_RELIABILITY = 0.9
@@ -99,6 +99,50 @@ def holm(ps) -> list:
     return adj
 
 
+def ablation_contrasts(out, n_boot: int = 1000, seed: int = 0) -> dict:
+    """H3/H4 of the protocol: for every ablation (``geodesic-*-first-order``, ``geodesic-*-frobenius``) at every
+    size of the tagged evaluation, paired with its full measure at the **same target size** (size-matched: the
+    radii differ): the signed contrast τ(full, gap) − τ(ablation, gap), τ between the two measures and the median
+    of |full − ablation| / full. Reads ``correlation.csv`` / ``correlation_tau.csv`` and their ``-ablations``
+    versions; ``{}`` where the ablations are not correlated yet."""
+    out = Path(out)
+    if not (out / "correlation-ablations_tau.csv").is_file():
+        return {}
+    import csv
+
+    import numpy as np
+    from scipy.stats import kendalltau
+
+    from .reanalysis import signed_tau_difference
+
+    def read(name):
+        with open(out / name, newline="") as f:
+            return list(csv.DictReader(f))
+
+    main, main_tau = read("correlation.csv"), read("correlation_tau.csv")
+    abl, abl_tau = read("correlation-ablations.csv"), read("correlation-ablations_tau.csv")
+    by_model = {r["model"]: r for r in abl}
+    names = [r["model"] for r in main if r["model"] in by_model]
+    gap = np.array([float(r["gap"]) for r in main if r["model"] in by_model])
+    rho_main = {(t["row"], t["measure"]): t["rho"] for t in main_tau}
+    main_rows = {r["model"]: r for r in main}
+    res = {}
+    for t in abl_tau:
+        row, m = t["row"], t["measure"]
+        full = m.replace("-first-order", "").replace("-frobenius", "")
+        if full == m or (row, full) not in rho_main:
+            continue
+        x_full = np.array([float(main_rows[n][f"{full}@rho={rho_main[row, full]}"]) for n in names])
+        x_abl = np.array([float(by_model[n][f"{m}@rho={t['rho']}"]) for n in names])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel = np.abs(x_full - x_abl) / np.abs(x_full)
+        res.setdefault(row, {})[m] = dict(
+            vs=full, contrast_full_minus_ablation=signed_tau_difference(x_full, x_abl, gap, n_boot=n_boot, seed=seed),
+            tau_between=float(kendalltau(x_full, x_abl).statistic),
+            median_relative_difference=float(np.nanmedian(rel)), rho=t["rho"], rho_full=rho_main[row, full])
+    return res
+
+
 def analyse(out, n_boot: int = 1000, seed: int = 0) -> dict:
     """The primary analysis of a finished population directory (see the protocol): :func:`reanalyse` plus the
     protocol's checks (the number of models and the measured gap reliability)."""
@@ -111,6 +155,7 @@ def analyse(out, n_boot: int = 1000, seed: int = 0) -> dict:
     for (row, k, c), p, adj in zip(family, ps, holm(ps)):
         c["p_bootstrap"], c["p_holm"] = p, adj
         c["geodesic_better"] = bool(adj < 0.05 and c["difference"] > 0)
+    res["ablations"] = ablation_contrasts(out, n_boot=n_boot, seed=seed)
     res["protocol_checks"] = dict(models_at_least=N_MODELS, models_ok=res["models"] >= N_MODELS,
                                   reliability_at_least=MIN_RELIABILITY,
                                   reliability_ok=res["reliability"]["pearson_full_spearman_brown"] >= MIN_RELIABILITY)

@@ -200,3 +200,32 @@ def test_pilot_ladder_stages():
     assert (h["lr"], h["epochs"], h["augment"], h["label_smoothing"]) == (1.6e-4, 10, True, 0.1)
     h = get_task("tweets-pilot-5").sample_hparams(0)
     assert (h["augment"], h["label_smoothing"]) == (False, 0.0)
+
+
+def test_ablation_contrasts_pair_by_size_not_by_rho(tmp_path):
+    from scipy.stats import kendalltau
+
+    from geosharp_ref.studies.population.reanalysis import signed_tau_difference
+    from geosharp_ref.studies.population.tweets_analysis import ablation_contrasts
+
+    rng = np.random.default_rng(0)
+    gap, full = rng.standard_normal(12), rng.standard_normal(12)
+    abl = full + 0.1 * rng.standard_normal(12)
+    names = [f"model_{i:03d}" for i in range(12)]
+
+    def write(name, header, rows):
+        with open(tmp_path / name, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(header)
+            w.writerows(rows)
+
+    write("correlation.csv", ["model", "gap", "geodesic-mix@rho=0.5"], zip(names, gap, full))
+    write("correlation_tau.csv", ["rho", "measure", "row"], [["0.5", "geodesic-mix", "size=0.001"]])
+    write("correlation-ablations.csv", ["model", "gap", "geodesic-mix-frobenius@rho=0.7"], zip(names, gap, abl))
+    write("correlation-ablations_tau.csv", ["rho", "measure", "row"], [["0.7", "geodesic-mix-frobenius", "size=0.001"]])
+    got = ablation_contrasts(tmp_path, n_boot=100)["size=0.001"]["geodesic-mix-frobenius"]
+    assert got["vs"] == "geodesic-mix" and (got["rho"], got["rho_full"]) == ("0.7", "0.5")
+    assert got["contrast_full_minus_ablation"] == signed_tau_difference(full, abl, gap, n_boot=100)
+    assert got["tau_between"] == pytest.approx(kendalltau(full, abl).statistic)
+    assert got["median_relative_difference"] == pytest.approx(np.median(np.abs(full - abl) / np.abs(full)))
+    assert ablation_contrasts(tmp_path / "nothing") == {} if (tmp_path / "nothing").mkdir() is None else False
