@@ -48,13 +48,14 @@ def verdict(value: float, target: float, smaller_is_better: bool = True) -> str:
 
 
 def _generic_rows(iteration: dict) -> list:
-    """The price of generality: the generic ProductSpace path of ``geodesic_sharpness(..., symmetries=…)``
-    (attention pairs alone, then every applicable symmetry) per Auto-PGD iteration, as ratios to adaptive
-    measured in the same interleaved loop as the fast-path rows."""
+    """The price of generality: the ProductSpace with the fast hooks off (``build_space(..., fast=False)``:
+    every factor generic; attention pairs alone, then every applicable symmetry) per Auto-PGD iteration, as
+    ratios to adaptive measured in the same interleaved loop as the fast GL factor's rows."""
     tg, ta = ITERATION_TARGETS["generic-mix"], ITERATION_TARGETS["generic-mix-all"]
-    L = ["The generic path (`geodesic_sharpness(..., metric=\"mix\", symmetries=[...])`: `ProductSpace`, a sum "
-         "over generated-kernel factors plus the adaptive rest), measured in the same loop: the attention "
-         "pairs alone as `gl_mix` factors (`symmetries=[]`), and every applicable symmetry quotiented (the "
+    L = ["The generic path (`build_space(..., symmetries=[...], fast=False)`: `ProductSpace` with every factor "
+         "generic, a sum over generated-kernel factors plus the adaptive rest), measured in the same loop: the "
+         "attention pairs alone as one `gl_mix` factor per group (`symmetries=[]`), and every applicable "
+         "symmetry quotiented (the "
          "pairs plus `all_symmetries(model, batch)` of `benchmarks/cases.py`, listed under the model):",
          "",
          f"| model | generic, attention pairs | generic/adaptive (≤ {tg:g}) | best-of | by CPU time | "

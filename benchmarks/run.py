@@ -18,7 +18,7 @@ median [min–max] over repetitions. Cases:
 6. (CUDA only) a full geodesic-sharpness evaluation of a ViT-B/32-sized model, 2048 inputs.
 
 This file is the command line; the timing machinery is in ``benchmarks/harness.py``, the cases in
-``benchmarks/cases.py``, the report in ``benchmarks/report.py``.
+``benchmarks/cases.py`` and ``benchmarks/geometry_cases.py``, the report in ``benchmarks/report.py``.
 """
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from benchmarks.cases import (case_cuda_full, case_derive, case_geometry, case_iteration,  # noqa: E402
-                              case_kernels, case_memory, memory_child)
+from benchmarks.cases import case_cuda_full, case_derive, case_iteration, case_memory, memory_child  # noqa: E402
+from benchmarks.geometry_cases import case_geometry, case_kernels  # noqa: E402
 from benchmarks.harness import machine_info  # noqa: E402
 from benchmarks.report import render  # noqa: E402
 

@@ -20,6 +20,12 @@ BUILTIN_GEOMETRIES = {
     "diag_mix": ("elementwise_rescaling", "mix"),
     "scaling": ("positive_scaling", "scale_invariant"),
     "translation": ("translation", "euclidean"),
+    # Q/K under rotary position embeddings: the subgroup of GL(h) commuting with the rotations (the rotary dimension
+    # is a run-time keyword of the kernels, default h; the pairing is the module's)
+    "rope_half_inv": ("rope_half", "inv"),
+    "rope_half_mix": ("rope_half", "mix"),
+    "rope_interleaved_inv": ("rope_interleaved", "inv"),
+    "rope_interleaved_mix": ("rope_interleaved", "mix"),
 }
 
 

@@ -10,6 +10,11 @@ PyTorch. This module provides them:
 * :func:`solve_linear_matrix_equation` -- generic  Σ_i L_i Λ K_i = C  via the Kronecker form
   (small sizes only: it solves an (nm)×(nm) system).
 
+It also holds the per-base-point factors (:func:`gram`, :func:`spd_inverse`, :class:`BasePoint`,
+:class:`SylvesterFactors`). The helpers of subgroups of GL(h) given by a Lie subalgebra (RoPE: :func:`rope_basis`,
+:func:`subalgebra_system`, :func:`solve_subalgebra`, …) live in :mod:`codegen.runtime_subgroup` and are
+re-exported here: generated code reaches every helper as ``_rt.<name>``.
+
 Conventions shared by all three:
 
 * Every argument is a tensor of shape ``(..., rows, cols)``; the leading (batch) dimensions, e.g.
@@ -39,6 +44,21 @@ from typing import Sequence
 
 import torch
 
+# subgroups of GL(h) given by a Lie subalgebra (RoPE): defined in runtime_subgroup, re-exported here, where the
+# generated kernels (``from codegen import runtime as _rt``) and callers find them
+from .runtime_subgroup import (
+    PAIRINGS,
+    SparseBasis,
+    random_rope_element,
+    rope_basis,
+    rope_pairs,
+    solve_subalgebra,
+    subalgebra_coordinates,
+    subalgebra_element,
+    subalgebra_project,
+    subalgebra_system,
+)
+
 __all__ = [
     "solve_sylvester",
     "solve_sylvester_spd_product",
@@ -49,6 +69,16 @@ __all__ = [
     "SylvesterFactors",
     "sylvester_spd_product_factors",
     "solve_sylvester_factored",
+    "PAIRINGS",
+    "rope_pairs",
+    "rope_basis",
+    "SparseBasis",
+    "subalgebra_system",
+    "subalgebra_coordinates",
+    "subalgebra_element",
+    "subalgebra_project",
+    "solve_subalgebra",
+    "random_rope_element",
 ]
 
 
@@ -455,3 +485,4 @@ def solve_sylvester_factored(f: SylvesterFactors, C: torch.Tensor) -> torch.Tens
     differentiable). No validation and no host synchronisation: the hot path of the ``inv``
     horizontal projection at a fixed base point."""
     return f.V @ (((f.V_inv @ C) @ f.V) * f.D) @ f.V_inv
+

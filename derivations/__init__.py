@@ -6,6 +6,10 @@ SymPy only; never imported by the evaluator at run time. Typical use::
     geo = derive_geometry(builtin_metric(gl_pair(), "mix"))
     print(geo.summary())
 
+A subgroup of GL(h) given by its Lie algebra (Q/K under rotary embeddings; the pairing is a parameter)::
+
+    geo = derive_geometry(builtin_metric(rope_pair("half"), "mix"))   # or "interleaved", rotary_dim=…
+
 A user's own metric is any SymPy expression of the blocks and two tangent vectors::
 
     sym = gl_pair("B", "At", h="r")                 # LoRA: B ∈ R^{n×r}, Aᵀ ∈ R^{m×r}
@@ -30,12 +34,16 @@ from .symmetry import (
     get_symmetry,
     gl_pair,
     positive_scaling,
+    rope_pair,
+    subgroup_pair,
     translation,
 )
+from .subgroup import Subalgebra
 
 __all__ = [
     "BUILTIN_METRICS", "BUILTIN_SYMMETRIES", "DeclarationError", "DerivationError", "InvarianceResult",
     "LinearSolve", "Metric", "MetricError", "NotInvariantError", "QuotientGeometry", "Symmetry",
     "UnsupportedStructureError", "builtin_metric", "check_invariance", "check_metric", "derive_geometry",
-    "elementwise_rescaling", "get_symmetry", "gl_pair", "positive_scaling", "translation",
+    "elementwise_rescaling", "get_symmetry", "gl_pair", "positive_scaling", "translation", "rope_pair", "subgroup_pair",
+    "Subalgebra",
 ]

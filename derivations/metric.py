@@ -86,6 +86,8 @@ class InvarianceResult:
     status: str
     difference: sp.Basic
     witness: dict | None = None
+    #: how invariance was established, in words (e.g. restriction from GL(h) to a subgroup)
+    proof: str = ""
 
     @property
     def invariant(self) -> bool:
@@ -280,10 +282,13 @@ BUILTIN_METRICS = {
 
 def builtin_metric(sym: Symmetry, kind: str) -> Metric:
     """A built-in metric for a built-in symmetry, e.g. ``builtin_metric(gl_pair(), "inv")``."""
+    key = (sym.name, kind)
+    if key not in BUILTIN_METRICS and getattr(sym, "subalgebra", None) is not None:
+        key = ("gl_pair", kind)  # a subgroup of GL(h) acting like gl_pair: every GL(h)-invariant metric applies
     try:
-        return BUILTIN_METRICS[(sym.name, kind)](sym, kind)
+        return BUILTIN_METRICS[key](sym, kind)
     except KeyError:
-        known = sorted(k for s, k in BUILTIN_METRICS if s == sym.name)
+        known = sorted(k for s, k in BUILTIN_METRICS if s == key[0])
         raise MetricError(
             f"no built-in metric {kind!r} for symmetry {sym.name!r}; known: {known}. "
             "Declare your own with derivations.Metric(symmetry, expr, name)"

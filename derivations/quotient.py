@@ -19,6 +19,12 @@ Given a :class:`~derivations.symmetry.Symmetry` and an invariant :class:`~deriva
    product  ξ̄ = (∂E/∂ξ)ᵀ ū, the Riesz representer of δ ↦ Σ_B ⟨ū_B, D_ξ E_B[δ]⟩_F (reverse-mode
    derivative for a cotangent ū; what autograd needs to differentiate a loss through E).
 
+For a symmetry acting by a subgroup K ⊂ GL(h) (``symmetry.subalgebra``, e.g. the RoPE commutant) step 1 is the
+same map restricted to X ∈ 𝔨, step 2 becomes ⟨E_k, C(ξ)⟩ = 0 for a basis (E_k) of 𝔨, and step 3 the dim 𝔨 system
+M λ = b, M_kl = ⟨E_k, C(v(E_l))⟩ = g(v(E_l), v(E_k)) (kind ``"subalgebra"``: the terms of C(v(Λ)) are derived
+shape-generically, the small system is assembled numerically at run time). Steps 4–6 are unchanged: K acts by
+isometries, so horizontal geodesics of the total space are the quotient's. Invariance is the GL(h) proof, restricted.
+
 No metric is special-cased: the same steps run for ``inv``, ``mix`` and any user metric whose
 operator 𝔾 is block-diagonal and one-sided per block (a clear error says otherwise).
 """
@@ -51,7 +57,10 @@ class LinearSolve:
     kind ``"explicit"``: ``solution`` is Λ as an expression of C's symbol ``rhs``.
     kind ``"sylvester"``: P Λ + Λ Q = C', with ``P``, ``Q`` and ``rhs_transform`` (C' in terms of
     ``rhs``); ``spd_factors`` = (S₁, S₂) when P = Q = S₁ S₂ with S₁, S₂ symmetric positive definite.
-    kind ``"kronecker"``: ``terms`` [(c_i L_i, K_i)] for the generic solver."""
+    kind ``"kronecker"``: ``terms`` [(c_i L_i, K_i)] for the generic solver.
+    kind ``"subalgebra"``: Λ is restricted to a Lie subalgebra 𝔨 (``subalgebra``) with basis (E_k); ``terms``
+    [(c_i L_i, K_i)] as for ``"kronecker"``; Λ = Σ_l λ_l E_l with M λ = b, M_kl = ⟨E_k, Σ_i c_i L_i E_l K_i⟩_F =
+    g(v(E_l), v(E_k)), b_k = ⟨E_k, C⟩_F (a dim 𝔨 linear system, assembled and solved numerically)."""
 
     kind: str
     unknown: sp.Basic
@@ -62,6 +71,7 @@ class LinearSolve:
     rhs_transform: sp.Basic | None = None
     spd_factors: tuple | None = None
     terms: tuple = ()
+    subalgebra: object = None
 
 
 @dataclass(frozen=True)
@@ -100,7 +110,10 @@ class QuotientGeometry:
             f"projection: {self.projection.kind}"
             + (f", Λ = {self.projection.solution}" if self.projection.kind == "explicit" else "")
             + (f", P = {self.projection.P}, Q = {self.projection.Q}, C' = {self.projection.rhs_transform}"
-               if self.projection.kind == "sylvester" else ""),
+               if self.projection.kind == "sylvester" else "")
+            + (f" on {self.projection.subalgebra.description}: M λ = b, M_kl = <E_k, "
+               + " + ".join(f"({l}) E_l ({k})" for l, k in self.projection.terms) + ">, b_k = <E_k, C>"
+               if self.projection.kind == "subalgebra" else ""),
             "riem. grad: " + ", ".join(f"{b}: {v}" for b, v in zip(s.blocks, self.riemannian_gradient)),
             "γ̈(0)      : " + ", ".join(f"{b}: {v}" for b, v in zip(s.blocks, self.geodesic_acceleration)),
             "VJP of E  : " + ", ".join(f"{x}: {v}" for x, v in zip(self.xi, self.second_order_geodesic_vjp)),
@@ -278,6 +291,11 @@ def derive_geometry(metric: Metric, check: bool = True) -> QuotientGeometry:
     if check:
         check_metric(metric)
     invariance = require_invariant(metric)
+    if sym.subalgebra is not None:
+        invariance = InvarianceResult(invariance.status, invariance.difference, invariance.witness, proof=(
+            f"g is invariant under all of GL(h) ({invariance.status} symbolically: g(psi(A,theta))(dpsi xi, dpsi eta) - "
+            f"g(xi, eta) = {invariance.difference}); K is a subgroup of GL(h) acting by the same psi, so g is "
+            f"K-invariant by restriction. {getattr(sym, 'subgroup_proof', '')}"))
     timings["checks"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -294,7 +312,17 @@ def derive_geometry(metric: Metric, check: bool = True) -> QuotientGeometry:
     C_of_v = canonicalize(C.xreplace(dict(zip(xi, vert_lam))))
     terms = linear_terms(C_of_v, Lam)
     rhs = _named_like(X, "C")
-    proj = solve_linear(terms, Lam, rhs)
+    if sym.subalgebra is not None:
+        # Λ ∈ 𝔨 only: the horizontal condition is ⟨E_k, C(ξ)⟩ = 0 for every basis element E_k (ξ ⊥_g v(𝔨)), and
+        # ⟨E_k, C(ξ − v(Λ))⟩ = 0 is the dim-𝔨 system M λ = b with M_kl = ⟨E_k, C(v(E_l))⟩ = g(v(E_l), v(E_k)).
+        if any(t.transposed for t in terms):
+            raise UnsupportedStructureError(
+                f"the projection operator C(v(Λ)) = {C_of_v} involves Λᵀ; the subalgebra solver takes Σ c L Λ K forms")
+        dim_r, dim_c = Lam.shape
+        proj = LinearSolve("subalgebra", Lam, rhs, subalgebra=sym.subalgebra, terms=tuple(
+            (canonicalize(t.coeff * _mat(t.left, dim_r)), _mat(t.right, dim_c)) for t in terms))
+    else:
+        proj = solve_linear(terms, Lam, rhs)
     projected = tuple(canonicalize(x - v) for x, v in zip(xi, vert_lam))
     timings["projection"] = time.perf_counter() - t0
 

@@ -16,6 +16,8 @@ Built-in declarations (paper Section 3.1):
 name                   action ψ(A, θ)                      preserved function f(θ)
 =====================  ==================================  =================================
 ``gl_pair``            (G A, H A⁻ᵀ), A ∈ GL(h)             G Hᵀ (attention, LoRA, W₂W₁)
+``rope_pair``          (G A, H A⁻ᵀ), A in the RoPE         G R Hᵀ for every rotation R
+                       commutant ⊂ GL(h) (a subalgebra)    (Q/K under rotary embeddings)
 ``elementwise_rescaling`` (a u, v / a), a > 0 per coordinate  u v (diagonal linear networks)
 ``positive_scaling``   a W, a > 0                          W / ‖W‖ (weights before a norm)
 ``translation``        w + a 𝟙, a ∈ R                      w − mean(w) (softmax logits)
@@ -35,6 +37,8 @@ from .matrix_calculus import canonicalize, directional_derivative, is_zero
 __all__ = [
     "Symmetry",
     "gl_pair",
+    "rope_pair",
+    "subgroup_pair",
     "elementwise_rescaling",
     "positive_scaling",
     "translation",
@@ -71,6 +75,9 @@ class Symmetry:
     positive_blocks: bool = False
     positive_group: bool = False
     dims: tuple = field(default=())
+    #: for a symmetry acting by a subgroup K ⊂ GL(h) only: its Lie algebra (:class:`derivations.subgroup.Subalgebra`);
+    #: None for the whole group. The action, vertical map and metric are those of the whole group, restricted.
+    subalgebra: object = None
 
     def __post_init__(self):
         self.validate()
@@ -146,6 +153,10 @@ class Symmetry:
                     f"symmetry {self.name!r}: the action at the identity {self.identity} sends {b} to "
                     f"{at_id}, not to itself; check the action or the identity element"
                 )
+        if self.subalgebra is not None:
+            if not isinstance(self.group_element, MatrixSymbol):
+                raise DeclarationError(f"symmetry {self.name!r}: a subalgebra needs a matrix group element A ∈ GL(h)")
+            object.__setattr__(self, "subgroup_proof", self.subalgebra.validate(self.name))
         acted = self.act()
         for f in self.invariant:
             moved = f.xreplace(acted) if isinstance(f, sp.Basic) else f
@@ -341,8 +352,50 @@ def translation(w: str = "w", n: str = "n") -> Symmetry:
     )
 
 
+def rope_pair(pairing: str = "half", rotary_dim: int | None = None, G: str = "G", H: str = "H", n: str = "n",
+              m: str = "m", h: str = "h") -> Symmetry:
+    """The subgroup of GL(h) that commutes with rotary position embeddings, acting on a Q/K pair like ``gl_pair``:
+    (G A, H A⁻ᵀ) with A = exp(X), X ∈ 𝔨 = ⊕_pairs span{I₂, J₂} ⊕ gl(h − r) (see :mod:`derivations.subgroup`).
+
+    ``pairing``: ``"half"`` (Hugging Face ``rotate_half``: i with i + r/2) or ``"interleaved"`` (2i with 2i + 1);
+    ``rotary_dim`` r: None (the generated kernels take r at run time, default h) or a fixed even integer.
+    Preserves G R Hᵀ for every rotation R (in particular G Hᵀ, which is what the symbolic check verifies; the
+    commutation with R is checked exactly on the Lie algebra)."""
+    from .subgroup import rope_subalgebra  # local: subgroup imports errors only
+
+    suffix = "" if rotary_dim is None else f"_r{int(rotary_dim)}"
+    return subgroup_pair(
+        rope_subalgebra(pairing, rotary_dim), f"rope_{pairing}{suffix}", G, H, n, m, h,
+        description=(f"RoPE subgroup of GL({h}) ({pairing} pairing"
+                     + ("" if rotary_dim is None else f", rotary_dim {rotary_dim}")
+                     + f") acting on ({G}, {H}) by ({G}A, {H}A^-T); preserves {G} R {H}^T for every rotation R"))
+
+
+def subgroup_pair(subalgebra, name: str, G: str = "G", H: str = "H", n: str = "n", m: str = "m", h: str = "h",
+                  description: str = "") -> Symmetry:
+    """A subgroup K ⊂ GL(h), given by its Lie algebra (a :class:`derivations.subgroup.Subalgebra`: ``"rope"`` or an
+    explicit Frobenius-orthogonal basis ``Subalgebra("basis", matrices=(E_1, …))`` at one h), acting on a pair like
+    :func:`gl_pair`: (G A, H A⁻ᵀ), A ∈ K. Every GL(h)-invariant metric is K-invariant; the vertical space is
+    {(G X, −H Xᵀ) : X ∈ 𝔨} and the projection solves a dim 𝔨 system (:func:`derivations.derive_geometry`)."""
+    base = gl_pair(G, H, n, m, h)
+    return Symmetry(
+        name=name,
+        blocks=base.blocks,
+        group_element=base.group_element,
+        identity=base.identity,
+        action=base.action,
+        invariant=base.invariant,
+        description=description or (f"subgroup of GL({h}) with Lie algebra {subalgebra.description}, acting on "
+                                    f"({G}, {H}) by ({G}A, {H}A^-T); preserves {G} {H}^T"),
+        dims=base.dims,
+        subalgebra=subalgebra,
+    )
+
+
 BUILTIN_SYMMETRIES = {
     "gl_pair": gl_pair,
+    "rope_half": lambda: rope_pair("half"),
+    "rope_interleaved": lambda: rope_pair("interleaved"),
     "elementwise_rescaling": elementwise_rescaling,
     "positive_scaling": positive_scaling,
     "translation": translation,

@@ -7,11 +7,15 @@ core (the mathematics, as it reads)
     :func:`gl_pair`, :class:`GLPairGeometry`, :class:`AdaptiveGeometry` (:mod:`.geometry`),
     :func:`apgd` (:mod:`.apgd`), :class:`GramTable` (:mod:`.lazy_blocks`)
 symmetry
-    :func:`symmetry_map`, :class:`SymmetryMap`, :class:`PairGroup`, :class:`PairSpec`, :func:`find_symmetries`,
-    :func:`declared_bindings`, :func:`check_binding` and the built-in bindings (:mod:`.symmetry`)
+    :class:`Binding` (the protocol every symmetry bound to parameters implements), :class:`Quotient` (which
+    symmetries are quotiented), :func:`symmetry_map`, :class:`SymmetryMap`, :class:`PairGroup`,
+    :class:`PairSpec`, :func:`find_symmetries`, :func:`declared_bindings`, :func:`check_binding` and the
+    built-in bindings (:mod:`.symmetry`)
 sharpness
-    :func:`adaptive_sharpness`, :func:`geodesic_sharpness`, :class:`SharpnessResult`,
-    :class:`PerturbationSpace`, :class:`ProductSpace`, :class:`Factor`, :func:`get_measure` (:mod:`.sharpness`)
+    :func:`adaptive_sharpness`, :func:`geodesic_sharpness`, :class:`SharpnessResult`, :class:`ProductSpace`
+    (the one perturbation space), :class:`Factor`, :func:`build_space`, :class:`EvaluationOptions`,
+    :func:`get_measure` (:mod:`.sharpness`); calling a model: :func:`call_model`, :func:`model_loss`
+    (:mod:`.forward`)
 verification
     :func:`orbit_invariance`, :func:`riemannian_gradient_norm`, :func:`draw_orbit_elements`,
     :func:`verification_table` (:mod:`.verification`)
@@ -41,12 +45,13 @@ _API = {
     "check_symmetry": "symmetry",
     "HeadTranslationBinding": "symmetry", "ReLUUnitsBinding": "symmetry", "LoRABinding": "symmetry",
     "NormScalingBinding": "symmetry", "lora_bindings": "symmetry",
-    "ProductSpace": "sharpness.factors", "Factor": "sharpness.factors",
+    "ProductSpace": "sharpness", "Factor": "sharpness",
     "adaptive_sharpness": "sharpness", "geodesic_sharpness": "sharpness", "SharpnessResult": "sharpness",
-    "PerturbationSpace": "sharpness", "get_measure": "sharpness", "MEASURES": "sharpness",
-    "default_loss": "sharpness", "model_loss": "sharpness",
+    "build_space": "sharpness", "EvaluationOptions": "sharpness", "get_measure": "sharpness", "MEASURES": "sharpness",
+    "default_loss": "forward", "model_loss": "forward", "call_model": "forward",
+    "Binding": "symmetry", "Quotient": "symmetry", "NoAttentionPairsWarning": "symmetry",
     "orbit_invariance": "verification.orbits", "riemannian_gradient_norm": "verification.orbits",
-    "draw_orbit_elements": "verification.sampling", "verification_table": "verification.kernel_checks",
+    "draw_orbit_elements": "sampling", "verification_table": "verification.kernel_checks",
     "load_model": "io.models", "load_data": "io.data", "split_batches": "io.data",
     "kendall_with_ci": "stats",
 }

@@ -1,37 +1,27 @@
 """Auto-PGD (Croce & Hein 2020) over a tangent space with a Riemannian norm ball.
 
-Maximises f(ξ) over {ξ horizontal, ‖ξ‖_g ≤ ρ}. The space object supplies the geometry:
-
-* ``space.zeros()`` / ``space.random(rho, generator)`` — starting points (lists of tensors);
-* ``space.inner(xi, eta)`` — the metric g (a scalar);
-* ``space.ascent_direction(egrad)`` — horizontal Riemannian gradient 𝔾⁻¹∇f projected horizontally;
-* ``space.project(xi, rho)`` — onto the horizontal space, then radially into the g-ball (exact,
-  because the horizontal projection is g-orthogonal and the ball is a g-ball);
-* optionally ``space.clip(xi, rho)`` — the radial step alone, for vectors that are horizontal
-  already. The iterates below are linear combinations of horizontal vectors (the start point and
-  the ascent directions are projected), so the two per-iteration projections reduce to ``clip``
-  (the horizontal projection is idempotent: skipping it changes nothing but round-off); spaces
-  without ``clip`` get ``project``;
-* optionally ``space.gradient_pairing`` — a function ``(ξ, ∇) ↦ ⟨ξ, ∇⟩_F`` (or None) that equals
-  g(ξ, d) for every horizontal ξ, d = ``ascent_direction(∇)``. It holds when d = P 𝔾⁻¹∇ with P the
-  g-orthogonal projection: g(ξ, P𝔾⁻¹∇) = g(ξ, 𝔾⁻¹∇) = ⟨ξ, ∇⟩_F. Then ‖d‖² = ⟨d, ∇⟩_F and
-  ‖x + s d‖² = ‖x‖² + 2s⟨x, ∇⟩_F + s²‖d‖² cost one element-wise pass each instead of a metric
-  norm (for GL(h) pairs 2 n·h² products per pair); only the new iterate's norm is a metric norm;
-* optionally ``space.ascent_step(xi, egrad) -> (d, ‖d‖², ⟨ξ, ∇⟩_F)`` — the three in one call, for
-  spaces whose gradient is not ∂f/∂ξ itself (:class:`geosharp_ref.sharpness.CotangentGradient`:
-  the cotangent at the perturbed weights, mapped to d without forming ∂f/∂ξ);
-* optionally ``space.lincomb([(c₁, ξ₁), …])`` — Σ cᵢ ξᵢ (default :func:`lincomb`: one pass per term),
-  e.g. to carry per-vector data such as Gram products (:class:`geosharp_ref.sharpness.Iterate`).
+Maximises f(ξ) over {ξ horizontal, ‖ξ‖_g ≤ ρ}. The space object supplies the geometry through the
+written protocol :class:`Space` (no optional methods, nothing probed): starting points, the metric g,
+the projection onto the horizontal g-ball, one ascent step (the direction d with the two pairings the
+step sizes need), linear combinations and rescaling of tangent vectors.
 
 The iteration (L2 version, step normalised in the metric):
 
     z = P(x_k + η d_k / ‖d_k‖_g)
     x_{k+1} = P(x_k + α (z − x_k) + (1 − α)(x_k − x_{k−1})),   α = 0.75 (α = 1 on the first step)
 
-(with the pairing, z = s (x_k + t d_k) for the radial factor s, so x_{k+1} before its clip is the single
-combination (2 − 2α + α s) x_k + α s t d_k − (1 − α) x_{k−1}; z itself is never formed)
+with P the radial step into the g-ball: the iterates are linear combinations of horizontal vectors (the
+start is projected, every d is horizontal) and the horizontal projection is idempotent, so only the radial
+step remains. For any inner product
 
-with initial η = 2ρ. At checkpoints w_j = ⌈p_j N⌉, p₀ = 0, p₁ = 0.22,
+    ‖x + t d‖² = ‖x‖² + 2t g(x, d) + t² g(d, d),
+
+so with ``space.ascent_step(x, ∇) -> (d, g(d, d), g(x, d))`` the radial factor s of z = s (x + t d) costs
+no pass over the parameters, x_{k+1} before its clip is the single combination
+(2 − 2α + α s) x_k + α s t d_k − (1 − α) x_{k−1} (z is never formed), and only the new iterate's norm is a
+metric norm.
+
+Initial η = 2ρ. At checkpoints w_j = ⌈p_j N⌉, p₀ = 0, p₁ = 0.22,
 p_{j+1} = p_j + max(p_j − p_{j−1} − 0.03, 0.06), the step is halved and the iterate restarts from
 the best point when (1) fewer than 75 % of the steps since the last checkpoint increased f, or
 (2) the step was not halved at the last checkpoint and the best value has not improved since.
@@ -45,11 +35,92 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
 
 import torch
 
-__all__ = ["apgd_checkpoints", "apgd", "APGDResult", "value_and_grad", "radial_clip", "apgd_step", "lincomb",
-           "combine"]
+__all__ = ["Space", "ModelSpace", "apgd_checkpoints", "apgd", "APGDResult", "value_and_grad", "radial_clip",
+           "apgd_step", "lincomb", "combine", "EuclideanSpace"]
+
+
+class Space(Protocol):
+    """What :func:`apgd` uses of a perturbation space: a tangent space T at θ with a metric g, a
+    horizontal subspace ℋ ⊂ T (g-orthogonal to the vertical directions of the symmetry) and the g-ball
+    B_ρ = {ξ ∈ ℋ : ‖ξ‖_g ≤ ρ}. A tangent vector is a list of tensors (a space may return a list subclass
+    that carries per-vector data, e.g. Gram products; Auto-PGD only passes it back to the space).
+
+    * ``zeros()`` — 0 ∈ T.
+    * ``random(rho, generator)`` — a random start (Auto-PGD projects it).
+    * ``inner(xi, eta)`` — g(ξ, η), a 0-d tensor (may stay on the device).
+    * ``project(xi, rho)`` — P_ℋ then radially into B_ρ: ξ ↦ s P_ℋ ξ, s = min(1, ρ/‖P_ℋ ξ‖_g) (exact
+      projection onto B_ρ because P_ℋ is g-orthogonal and the ball is a g-ball).
+    * ``ascent_step(xi, grad) -> (d, g(d, d), g(ξ, d))`` — the ascent direction d ∈ ℋ at ξ for the gradient
+      ``grad`` that the space's ``f_and_grad`` returned at ξ (for a Riemannian metric d = P_ℋ 𝔾⁻¹ ∂f/∂ξ,
+      and then g(ξ, d) = ⟨ξ, ∂f/∂ξ⟩_F, g(d, d) = ⟨d, ∂f/∂ξ⟩_F: element-wise pairings), with the two
+      pairings Auto-PGD needs for ‖x + t d‖² (any inner product: the space computes them as it can).
+    * ``lincomb(terms)`` — Σ cᵢ ξᵢ for ``terms`` = [(cᵢ, ξᵢ)], cᵢ numbers or 0-d tensors.
+    * ``scale(xi, s)`` — s ξ (s a number or a 0-d tensor).
+    """
+
+    def zeros(self) -> list: ...
+
+    def random(self, rho: float, generator: torch.Generator | None) -> list: ...
+
+    def inner(self, xi: list, eta: list) -> torch.Tensor: ...
+
+    def project(self, xi: list, rho: float) -> list: ...
+
+    def ascent_step(self, xi: list, grad) -> tuple: ...
+
+    def lincomb(self, terms: Sequence[tuple]) -> list: ...
+
+    def scale(self, xi: list, s) -> list: ...
+
+
+class ModelSpace(Space, Protocol):
+    """A :class:`Space` of perturbations of a model's parameters θ (what the sharpness entry points use
+    besides Auto-PGD): E(ξ) the perturbed parameters (γ_ξ(1), to second order), F(ξ) = L(E(ξ)).
+
+    * ``perturbed_params(xi)`` — the parameter dict at E(ξ) (differentiable in ξ).
+    * ``value_and_grad(loss_of_params)`` — ``f_and_grad(ξ) -> (float F(ξ), grad)``, ``grad`` in the form
+      ``ascent_step`` takes (it need not be ∂F/∂ξ: e.g. cotangents ∂L/∂E of the perturbed blocks).
+    * ``norm(xi)`` — ‖ξ‖_g as a float.
+    """
+
+    def perturbed_params(self, xi: list) -> dict: ...
+
+    def value_and_grad(self, loss_of_params: Callable) -> Callable: ...
+
+    def norm(self, xi: list) -> float: ...
+
+
+class EuclideanSpace:
+    """The plain Euclidean ball in Rⁿ as a :class:`Space` (everything horizontal, g = ⟨·,·⟩, d = ∇):
+    the simplest space, for tests and examples. ``f_and_grad`` returns ∂f/∂x."""
+
+    def __init__(self, dim: int, dtype=torch.float64):
+        self.dim, self.dtype = dim, dtype
+
+    def zeros(self):
+        return [torch.zeros(self.dim, dtype=self.dtype)]
+
+    def random(self, rho, generator=None):
+        return [torch.randn(self.dim, generator=generator, dtype=self.dtype)]
+
+    def inner(self, xi, eta):
+        return torch.as_tensor(sum((x * y).sum() for x, y in zip(xi, eta)))
+
+    def project(self, xi, rho):
+        return radial_clip(xi, self.inner(xi, xi), rho)[0]
+
+    def ascent_step(self, xi, grad):
+        return list(grad), self.inner(grad, grad), self.inner(xi, grad)
+
+    def lincomb(self, terms):
+        return lincomb(terms)
+
+    def scale(self, xi, s):
+        return [x * s for x in xi]
 
 
 def value_and_grad(objective):
@@ -96,7 +167,7 @@ def combine(terms):
 
 def lincomb(terms):
     """Σᵢ cᵢ ξᵢ for tangent vectors (lists of tensors), ``terms`` = [(cᵢ, ξᵢ)]: one pass per term and
-    one new tensor per entry (spaces may supply their own ``lincomb``, e.g. to carry Gram products)."""
+    one new tensor per entry."""
     return [combine([(c, v[j]) for c, v in terms]) for j in range(len(terms[0][1]))]
 
 
@@ -112,69 +183,61 @@ def _clip_factor(sq_norm, rho, on_device):
     return s, sq * s * s
 
 
-def radial_clip(xi, sq_norm, rho, on_device: bool | None = None):
+def _scale_list(xi, s):
+    return [x * (s.to(x.dtype) if torch.is_tensor(s) else s) for x in xi]
+
+
+def radial_clip(xi, sq_norm, rho, on_device: bool | None = None, scale=None):
     """(ξ · min(1, ρ/‖ξ‖), its squared norm) given ‖ξ‖² as a tensor.
 
     On accelerators (``on_device`` None: the norm's device is not the CPU) the factor stays on the
     device (no host synchronisation; ρ/0 = inf clamps to 1) and every ξ is rescaled; on the CPU,
     where reading the norm costs nothing, ξ inside the ball is returned as is (saves a pass over all
     parameters). ``on_device=True`` forces the synchronisation-free path (tests run it on the CPU).
-    A vector with a ``scaled(s)`` method (:class:`geosharp_ref.sharpness.Iterate`) is rescaled by it."""
+    ``scale(ξ, s)`` rescales (a space's :meth:`Space.scale`; default: every tensor times s)."""
     if not xi:
         return xi, torch.as_tensor(sq_norm).clamp_min(0)
     s, sq = _clip_factor(sq_norm, rho, on_device)
     if s is None:
         return xi, sq
-    if hasattr(xi, "scaled"):
-        return xi.scaled(s), sq
-    return [x * (s.to(x.dtype) if torch.is_tensor(s) else s) for x in xi], sq
+    return (scale or _scale_list)(xi, s), sq
 
 
-def apgd_step(space, x, x_prev, g, xx, eta, rho, a):
+def apgd_step(space: Space, x, x_prev, g, xx, eta, rho, a):
     """One Auto-PGD update without the gradient evaluation:
 
-        d = ascent_direction(g),  z = P(x + η d/‖d‖),  x_new = P(x + a(z − x) + (1 − a)(x − x_prev))
+        (d, g(d, d), g(x, d)) = space.ascent_step(x, g),  z = P(x + η d/‖d‖),
+        x_new = P(x + a(z − x) + (1 − a)(x − x_prev))
 
-    with P the radial step into the ball (the iterates stay horizontal, see the module doc).
-    ``xx`` is ‖x‖² when the space has a ``gradient_pairing`` (then ‖d‖ and ‖x + s d‖ come from
-    element-wise pairings, and only ‖x_new‖ is a metric norm), else ignored.
-    Returns (x_new, ‖x_new‖² or None)."""
-    pairing = getattr(space, "gradient_pairing", None)
-    if pairing is None:
-        d = space.ascent_direction(x, g)
-        dd = torch.as_tensor(space.inner(d, d))
-    elif hasattr(space, "ascent_step"):  # d, ‖d‖² and ⟨x, ∇⟩_F in one pass (e.g. from cotangents)
-        d, dd, xg = space.ascent_step(x, g)
-    else:
-        d = space.ascent_direction(x, g)
-        dd, xg = torch.as_tensor(pairing(d, g)), pairing(x, g)
+    with P the radial step into the ball (the iterates stay horizontal, see the module doc) and
+    ``xx`` = ‖x‖². Returns (x_new, ‖x_new‖²)."""
+    d, dd, xg = space.ascent_step(x, g)
     # normalised step η d/‖d‖ (0 when d = 0), kept on the device: no host synchronisation here
-    dd = dd.clamp_min(0)
+    dd = torch.as_tensor(dd).clamp_min(0)
     dn = dd.sqrt()
     step = torch.where(dn > 0, eta / dn, torch.zeros_like(dn))
-    if pairing is None:
-        clip = getattr(space, "clip", space.project)
-        z = clip(lincomb([(1.0, x), (step, d)]), rho)
-        # x + a(z − x) + (1 − a)(x − x_prev) = a z + (2 − 2a) x − (1 − a) x_prev
-        terms = [(a, z)] + ([(2 - 2 * a, x), (a - 1, x_prev)] if a != 1 else [])
-        return clip(getattr(space, "lincomb", lincomb)(terms), rho), None
     zz = xx + 2 * step * xg + step * step * dd  # ‖x + step·d‖²
     s, _ = _clip_factor(zz, rho, None)  # z = s (x + step·d)
     s = 1.0 if s is None else s
     # x_new = x + a(z − x) + (1 − a)(x − x_prev) = (2 − 2a + a s) x + a s step d − (1 − a) x_prev,
     # formed in one combination (z is never built)
     terms = [(2 - 2 * a + a * s, x), (a * s * step, d)] + ([(a - 1, x_prev)] if a != 1 else [])
-    x_new = getattr(space, "lincomb", lincomb)(terms)
-    return radial_clip(x_new, space.inner(x_new, x_new), rho)
+    x_new = space.lincomb(terms)
+    return radial_clip(x_new, space.inner(x_new, x_new), rho, scale=space.scale)
 
 
-def apgd(f_and_grad, space, rho: float, n_iter: int = 20, random_start: bool = False,
+def apgd(f_and_grad, space: Space, rho: float, n_iter: int = 20, random_start: bool = False,
          generator: torch.Generator | None = None, momentum: float = 0.75,
-         rho_osc: float = 0.75) -> APGDResult:
-    """Maximise f over the horizontal g-ball of radius ``rho``; ``f_and_grad(xi) -> (float, egrad)``."""
-    x = space.random(rho, generator) if random_start else space.zeros()
+         rho_osc: float = 0.75, start=None) -> APGDResult:
+    """Maximise f over the horizontal g-ball of radius ``rho``; ``f_and_grad(xi) -> (float, grad)`` with
+    ``grad`` in the form ``space.ascent_step`` takes. ``start``: a tangent vector to start from (projected;
+    overrides ``random_start``)."""
+    if start is not None:
+        x = [t.clone() for t in start]
+    else:
+        x = space.random(rho, generator) if random_start else space.zeros()
     x = space.project(x, rho)
-    xx = space.inner(x, x) if getattr(space, "gradient_pairing", None) is not None else None  # ‖x‖²
+    xx = space.inner(x, x)  # ‖x‖²
     f, g = f_and_grad(x)
     f0 = f
     values, steps = [f], []

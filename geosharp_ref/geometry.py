@@ -35,11 +35,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .kernels import load_kernels
+from .kernels import METRICS, check_metric, gl_kernels, load_kernels
 
 __all__ = ["GLPairGeometry", "gl_pair", "AdaptiveGeometry", "METRICS"]
 
-METRICS = ("inv", "mix")
 
 
 @dataclass(frozen=True)
@@ -51,7 +50,7 @@ class GLPairGeometry:
 
     @property
     def kernels(self):
-        return load_kernels(f"gl_{self.metric}")
+        return load_kernels(gl_kernels(self.metric))
 
     def _check(self, G, H, *tangents):
         if G.shape[:-2] != H.shape[:-2] or G.shape[-1] != H.shape[-1]:
@@ -144,8 +143,7 @@ class _SecondOrderGeodesic(torch.autograd.Function):
 
 def gl_pair(metric: str = "mix", eps: float = 0.0) -> GLPairGeometry:
     """The quotient geometry of GL(h) pairs; ``metric`` in {"inv", "mix"}, relaxation ``eps`` ≥ 0."""
-    if metric not in METRICS:
-        raise ValueError(f"unknown metric {metric!r}; choose one of {METRICS}")
+    check_metric(metric)
     if not eps >= 0:
         raise ValueError(f"relaxation eps must be >= 0, got {eps}")
     return GLPairGeometry(metric, float(eps))

@@ -4,8 +4,9 @@ A kernel module is what ``geosharp derive`` writes for one quotient geometry: ``
 ``BLOCK_SHAPES`` and batched functions (``inner``, ``horizontal_projection``, ``riemannian_gradient``,
 ``geodesic_acceleration``, ``second_order_geodesic``, ``act``, …). :func:`load_kernels` returns
 
-* a built-in module by name (``"gl_inv"``, ``"gl_mix"``, ``"diag_inv"``, ``"diag_mix"``, ``"scaling"``,
-  ``"translation"``: ``codegen/generated/<name>.py``),
+* a built-in module by name (:data:`BUILTIN_MODULES`: ``"gl_inv"``, ``"gl_mix"``, ``"diag_inv"``, ``"diag_mix"``,
+  ``"scaling"``, ``"translation"``, and for Q/K under rotary position embeddings ``"rope_half_inv"``,
+  ``"rope_half_mix"``, ``"rope_interleaved_inv"``, ``"rope_interleaved_mix"``: ``codegen/generated/<name>.py``),
 * a module written by ``geosharp derive --spec`` from its file path (``generated_kernels/lora.py``),
 * or a module object, passed through.
 
@@ -21,10 +22,29 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["load_kernels", "module_from_source", "kernel_name", "BUILTIN_MODULES"]
+__all__ = ["load_kernels", "module_from_source", "kernel_name", "gl_kernels", "check_metric", "BUILTIN_MODULES",
+           "METRICS"]
 
 #: the kernel modules generated from the built-in geometries (``codegen/generated``)
-BUILTIN_MODULES = ("gl_inv", "gl_mix", "diag_inv", "diag_mix", "scaling", "translation")
+BUILTIN_MODULES = ("gl_inv", "gl_mix", "diag_inv", "diag_mix", "scaling", "translation", "rope_half_inv", "rope_half_mix",
+                   "rope_interleaved_inv", "rope_interleaved_mix")
+#: the built-in quotient metrics of a GL(h) pair (paper Eqs. (5)/(6) lifted to matrices): ``gl_<metric>``
+METRICS = ("inv", "mix")
+
+
+def check_metric(metric) -> str:
+    """``metric`` if it is one of :data:`METRICS`, else ValueError (the one place a metric name is checked)."""
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; choose one of {METRICS}")
+    return metric
+
+
+def gl_kernels(metric) -> str:
+    """The built-in kernel module of a GL(h) pair under ``metric`` (``"inv"`` → ``"gl_inv"``); a kernel module
+    object (a metric declared in a spec file for ``gl_pair``) is returned as it is."""
+    if isinstance(metric, ModuleType):
+        return metric
+    return f"gl_{check_metric(metric)}"
 
 
 def load_kernels(name) -> ModuleType:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .sharpness.loss import call_model
+from .forward import call_model
 
 __all__ = ["classification_head", "head_features", "fit_linear_probe"]
 

@@ -20,3 +20,13 @@ settings.register_profile("dev", max_examples=60, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--reversed-order", action="store_true", default=False,
+                     help="run the collected tests in reverse order (no test may depend on another's files or state)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--reversed-order"):
+        items.reverse()

@@ -1,17 +1,17 @@
 """Every import path the README documents works: ``from geosharp_ref… import …`` lines in its code blocks
 and every dotted ``geosharp_ref.…`` name it mentions resolve (a module, or an attribute of one).
 
-The paragraph that lists the paths *changed* by the restructuring names old paths on purpose and is
-skipped; its new paths are checked there separately."""
+``CHANGELOG.md`` lists the paths *changed* by restructurings, ``old → new``: its old paths are gone on purpose,
+every new one (a backticked ``geosharp_ref.…`` name not followed by →) must resolve."""
 import importlib
 import re
 from pathlib import Path
 
 import pytest
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-CHANGED = re.search(r"\*\*Import paths changed by the restructuring\*\*.*?(?:\n\n|\Z)", README, re.S)
-TEXT = README.replace(CHANGED.group(0), "") if CHANGED else README
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = (ROOT / "README.md").read_text(encoding="utf-8")
+CHANGELOG = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
 
 
 def _resolve(dotted: str):
@@ -32,7 +32,8 @@ FROM_IMPORTS = sorted({(m.group(1), name.strip()) for m in re.finditer(
     r"^from (geosharp_ref[\w.]*) import ([^\n#]+)", TEXT, re.M) for name in m.group(2).split(",")
     if name.strip()})
 DOTTED = sorted(set(re.findall(r"\b(geosharp_ref(?:\.[A-Za-z_]\w*)+)", TEXT)) - {"geosharp_ref.py"})
-NEW_PATHS = sorted(set(re.findall(r"→\s*`(geosharp_ref(?:\.[A-Za-z_]\w*)+)", CHANGED.group(0)))) if CHANGED else []
+NEW_PATHS = sorted({m.group(1) for m in re.finditer(r"`(geosharp_ref(?:\.[A-Za-z_]\w*)+)`(\s*→)?", CHANGELOG)
+                    if not m.group(2)})
 
 
 def test_readme_documents_imports():

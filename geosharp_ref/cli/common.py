@@ -8,10 +8,8 @@ import warnings
 from ..io.models import load_model, require_logits_head
 from ..kernels import kernel_name
 from ..probe import fit_linear_probe
-from ..symmetry import symmetry_map as build_symmetry_map
-from ..symmetry.catalogue import check_symmetry
+from ..symmetry import NoAttentionPairsWarning, check_symmetry, symmetry_map as build_symmetry_map
 from ..symmetry.declared import check_declarations, declared_bindings
-from ..verification.orbits import NO_GROUPS_WARNING
 from .derive import spec_kernels
 
 __all__ = ["check_positive", "symmetry_map_quiet", "describe_symmetry", "load_model_with_head", "spec_module",
@@ -27,7 +25,7 @@ def check_positive(name, value, allow_zero=False):
 
 def symmetry_map_quiet(model):
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=NO_GROUPS_WARNING)
+        warnings.filterwarnings("ignore", category=NoAttentionPairsWarning)
         return build_symmetry_map(model)
 
 

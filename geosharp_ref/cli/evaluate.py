@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import sys
 import warnings
 from pathlib import Path
@@ -10,8 +11,9 @@ import torch
 
 from ..io.data import load_data, split_batches
 from ..io.models import check_model_dir
-from ..sharpness.measures import adaptive_sharpness, geodesic_sharpness, resolve_symmetries, rho_for_size
-from ..verification.orbits import NO_GROUPS_WARNING
+from ..sharpness import EvaluationOptions, evaluate, rho_for_size
+from ..sharpness.pipeline import check_rho
+from ..symmetry import NoAttentionPairsWarning, Quotient
 from .common import (check_positive, check_symmetry_options, describe_symmetry, load_model_with_head,
                      requested_symmetries, symmetry_map_quiet)
 
@@ -23,11 +25,12 @@ PROBE_RHOS = (0.01, 0.03)
 
 def run(args) -> int:
     """``geosharp evaluate``: adaptive or geodesic sharpness of a saved model on a saved data set."""
+    # every option is checked here, before the model or the data is read (the library's own checks:
+    # check_rho and EvaluationOptions)
     if args.rho is not None:
-        check_positive("rho", args.rho)
+        check_rho(args.rho)
     else:
         check_positive("--target-relative-size", args.target_relative_size)
-    check_positive("--eps", args.eps, allow_zero=True)
     if args.iters < 1:
         raise ValueError(f"--iters must be at least 1, got {args.iters}")
     if args.batch_size < 1:
@@ -37,39 +40,37 @@ def run(args) -> int:
     spec = check_symmetry_options(args, args.metric)
     if args.metric == "adaptive" and args.all_symmetries:
         raise ValueError("--all-symmetries quotients symmetries for geodesic sharpness: use --metric inv or mix")
+    geodesic_metric = args.attention_metric if spec is not None else args.metric
+    options = EvaluationOptions(
+        metric=None if args.metric == "adaptive" else geodesic_metric, n_iter=args.iters, eps=args.eps,
+        geodesic_correction=not args.no_geodesic_correction, metric_norm=not args.no_metric_norm,
+        gradient=args.gradient, seed=args.seed, dtype=torch.float64 if args.float64 else None, progress=True)
     check_model_dir(args.model_dir)
     inputs, targets, n = load_data(args.data)
     n_batches = args.batches if args.batches is not None else max(1, n // args.batch_size)
     batches = split_batches(inputs, targets, n_batches, args.batch_size, f"data file {args.data!r}")
     model, probe = load_model_with_head(args.model_dir, args.num_labels, (inputs, targets, n), args.seed)
-    dtype = torch.float64 if args.float64 else None
-    common = dict(n_iter=args.iters, seed=args.seed, dtype=dtype, progress=True)
 
     name = type(model).__name__
     print(f"{args.metric} sharpness of {name} ({args.model_dir})")
     print(f"  data      : {args.data}, {n_batches} batches × {args.batch_size} (first "
           f"{n_batches * args.batch_size} of {n} examples)")
     smap, symmetries = None, None
-    geodesic_metric = args.attention_metric if spec is not None else args.metric
     if args.metric != "adaptive":
         smap = symmetry_map_quiet(model)
         describe_symmetry(smap)
         symmetries = requested_symmetries(args, spec, model, batches[0])
         if symmetries is not None:  # "all" resolved once (the radius probes reuse it)
-            symmetries = resolve_symmetries(model, symmetries, batches[0], geodesic_metric, smap)
+            symmetries = Quotient.resolve(model, batches[0], metric=geodesic_metric, symmetries=symmetries,
+                                             smap=smap).bindings
         if not smap.groups and symmetries is None:
             print(f"geosharp: warning: no recognised GL(h) attention in {name}: geodesic sharpness equals "
                   f"adaptive sharpness for this model", file=sys.stderr)
 
-    def measure(rho, on, **kw):
-        if args.metric == "adaptive":
-            return adaptive_sharpness(model, on, rho, **{**common, **kw})
+    def measure(rho, on, progress=True):
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=NO_GROUPS_WARNING)
-            return geodesic_sharpness(model, on, rho, metric=geodesic_metric, eps=args.eps,
-                                      geodesic_correction=not args.no_geodesic_correction,
-                                      metric_norm=not args.no_metric_norm, gradient=args.gradient,
-                                      symmetry_map=smap, symmetries=symmetries, **{**common, **kw})
+            warnings.filterwarnings("ignore", category=NoAttentionPairsWarning)
+            return evaluate(model, on, rho, replace(options, progress=progress), smap=smap, symmetries=symmetries)
 
     rho = args.rho
     if rho is None:  # matched perturbation size: fit ρ ↦ ‖Δθ‖/‖θ‖ on the first batch from two probes

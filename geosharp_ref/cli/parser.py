@@ -140,8 +140,10 @@ def _add_verify(sub):
                        description="Orbit-invariance check: per scale a, draw A = a·Q·diag(u) per head "
                                    "(Q orthogonal, u ~ U[0.5, 2]), apply SymmetryMap.act to a float64 copy "
                                    "and compare logits, geodesic sharpness (inv, mix), Riemannian gradient "
-                                   "norms and adaptive sharpness. Exit code 0 when everything but adaptive "
-                                   "sharpness changes by at most 1e-6 (relative), 1 otherwise.",
+                                   "norms and adaptive sharpness. With --examples N, a hypothesis search over "
+                                   "group elements as well, failures shrunk to a minimal counterexample. Exit "
+                                   "code 0 when everything but adaptive sharpness changes by at most 1e-6 "
+                                   "(relative), 1 otherwise.",
                        epilog=DATA_FORMAT + "\nWithout --data a random batch that fits the model is used.",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model_dir", metavar="MODEL_DIR", help="local Hugging Face-format model directory")
@@ -149,6 +151,12 @@ def _add_verify(sub):
     p.add_argument("--rho", type=float, default=0.05, metavar="R", help="radius (default 0.05)")
     p.add_argument("--scales", default="0.01,1,100", help="comma-separated scales a (default 0.01,1,100)")
     p.add_argument("--iters", type=int, default=5, metavar="K", help="Auto-PGD iterations (default 5)")
+    p.add_argument("--examples", type=int, metavar="N",
+                   help="also search N group elements with hypothesis (scales a log-uniform in [0.01, 100], "
+                        "derandomized by --seed): per binding, the output must not change (≤ 1e-10, float64); "
+                        "then N orbit points moving every binding at once, for the table's invariant quantities "
+                        "(≤ 1e-6). A failure is shrunk to a minimal counterexample (binding, scale, seed, the "
+                        "measured change), printed as one error line, exit 1")
     _symmetry_options(p, verify=True)
     _num_labels_option(p)
 

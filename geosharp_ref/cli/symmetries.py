@@ -9,7 +9,7 @@ import torch
 
 from ..io.data import load_data, random_batch, split_batches
 from ..io.models import check_model_dir, load_model
-from ..symmetry.catalogue import find_symmetries
+from ..symmetry import find_symmetries
 from .common import check_symmetry_options, declared_symmetries, load_model_with_head
 
 __all__ = ["run"]
@@ -55,7 +55,8 @@ def run(args) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         doc = dict(model_dir=str(Path(args.model_dir).resolve()), model_class=type(model).__name__,
                    groups=[dict(key=g.key, layer=g.layer, kind=g.kind, heads=g.num_heads, head_dim=g.head_dim,
-                                n=g.n, m=g.m, params=list(g.param_names), pieces=g.pieces(), source=g.source)
+                                n=g.n, m=g.m, params=list(g.param_names), pieces=g.pieces(), source=g.source,
+                                group=g.group_name, kernels=str(g.kernels))
                            for g in smap.groups],
                    refused=[dict(key=k, reason=r) for k, r in smap.refused], adaptive=list(smap.adaptive),
                    further=report.to_dict()["entries"],

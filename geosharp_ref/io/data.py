@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ..sharpness.loss import call_model, model_logits
+from ..forward import call_model, model_logits
 
 __all__ = ["load_data", "slice_examples", "split_batches", "random_batch", "slice_inputs"]
 

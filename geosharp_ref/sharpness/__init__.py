@@ -1,19 +1,30 @@
-"""Whole-model sharpness: the perturbation space, its loss plumbing and the entry points.
+"""Whole-model sharpness: the one perturbation space, its factors, the evaluation pipeline and the entry points.
 
-* :mod:`~geosharp_ref.sharpness.loss` — how the loss of functional parameters is computed
-* :mod:`~geosharp_ref.sharpness.space` — :class:`PerturbationSpace` (metric, projection, gradient,
-  second-order geodesic; the GL-pair fast paths)
-* :mod:`~geosharp_ref.sharpness.factors` — :class:`ProductSpace`, the generic path: any generated geometries
-  (:class:`Factor`) bound to parameter blocks, the adaptive rest
+* :mod:`~geosharp_ref.sharpness.space` — :class:`ProductSpace`, the one perturbation space (factors × the
+  adaptive rest), its tangent vectors (:class:`Tangent`) and gradients (:class:`Cotangents`)
+* :mod:`~geosharp_ref.sharpness.factors` — the factor interface and :class:`Factor`, any generated geometry
+  bound to parameter blocks (every hook from the generated kernels), the rank check
+* :mod:`~geosharp_ref.sharpness.gl_factor` — :class:`GLPairFactor`, the fast ``gl_inv``/``gl_mix`` factor of
+  the attention pairs (buckets, base-point caches, lazy blocks, Gram-carrying vectors)
+* :mod:`~geosharp_ref.sharpness.pipeline` — the one evaluation: :class:`EvaluationOptions` (validated once),
+  :func:`prepare_inputs`, :func:`build_space`, :func:`evaluate`
+* :mod:`~geosharp_ref.sharpness.result` — :class:`SharpnessResult`, relative sizes, :func:`rho_for_size`
 * :mod:`~geosharp_ref.sharpness.measures` — :func:`adaptive_sharpness`, :func:`geodesic_sharpness`,
-  :class:`SharpnessResult`, the named measures
-"""
-from .loss import default_loss, model_loss
-from .measures import (ABLATION_MEASURES, HEADLINE_MEASURES, LINEARISED_MEASURES, MEASURES, Measure, SharpnessResult,
-                       adaptive_sharpness, geodesic_sharpness, get_measure, linearised_sharpness)
-from .factors import Factor, PairBinding, ProductSpace, gl_pair_factors
-from .space import GRADIENTS, CotangentGradient, Iterate, PerturbationSpace
+  :func:`linearised_sharpness`, the named measures
 
-__all__ = ["ProductSpace", "Factor", "PairBinding", "gl_pair_factors", "PerturbationSpace", "CotangentGradient", "Iterate", "GRADIENTS", "SharpnessResult",
-           "adaptive_sharpness", "geodesic_sharpness", "default_loss", "model_loss", "Measure", "MEASURES",
-           "HEADLINE_MEASURES", "ABLATION_MEASURES", "LINEARISED_MEASURES", "get_measure", "linearised_sharpness"]
+How the model is called (loss, logits, functional parameters) is :mod:`geosharp_ref.forward`.
+"""
+from ..forward import default_loss, model_loss
+from .space import GRADIENTS, Cotangents, ProductSpace, SpaceOptions, Tangent
+from .factors import Factor
+from .gl_factor import GLPairFactor, gl_pair_factors
+from .result import SharpnessResult, relative_perturbation, rho_for_size
+from .pipeline import EvaluationOptions, build_space, evaluate, prepare_inputs
+from .measures import (ABLATION_MEASURES, HEADLINE_MEASURES, LINEARISED_MEASURES, MEASURES, Measure,
+                       adaptive_sharpness, geodesic_sharpness, get_measure, linearised_sharpness)
+
+__all__ = ["ProductSpace", "Tangent", "Cotangents", "SpaceOptions", "GRADIENTS", "Factor", "GLPairFactor",
+           "gl_pair_factors", "EvaluationOptions", "build_space", "evaluate", "prepare_inputs", "SharpnessResult",
+           "relative_perturbation", "rho_for_size", "adaptive_sharpness", "geodesic_sharpness",
+           "linearised_sharpness", "default_loss", "model_loss", "Measure", "MEASURES", "HEADLINE_MEASURES",
+           "ABLATION_MEASURES", "LINEARISED_MEASURES", "get_measure"]

@@ -1,69 +1,120 @@
-"""The generic perturbation space: a product of generated geometries (factors) and the adaptive rest.
+"""Factors of the perturbation space: a generated geometry bound to blocks of the model's parameters.
 
 A *factor* is one generated kernel module (any declared symmetry and metric: ``load_kernels`` of a built-in
-name or of a file written by ``geosharp derive --spec``) bound to blocks of the model's parameters and
-batched over its groups (layers × heads × …). With factors k = 1…K and the parameters no factor covers
-("the rest", adaptive geometry with scales c = |θ|):
+name or of a file written by ``geosharp derive --spec``) bound to blocks θ_k of the model's parameters and
+batched over its groups (layers × heads × …). :class:`~geosharp_ref.sharpness.space.ProductSpace` is the
+product of its factors and the adaptive rest; it talks to each factor at the base point θ through the hooks
+below (:class:`FactorAt`), which :class:`Factor` implements from the generated functions alone:
 
-    g(ξ, η)  = Σ_k g_k(ξ_k, η_k) + Σ_rest ⟨ξ ⊘ c, η ⊘ c⟩
-    P ξ      = (P_1 ξ_1, …, P_K ξ_K, ξ_rest ⊙ [c > 0])                 (horizontal projection)
-    grad F   = (P_1 𝔾_1⁻¹ ∇_1, …, P_K 𝔾_K⁻¹ ∇_K, c² ⊙ ∇_rest)          (Auto-PGD's ascent direction)
-    E(ξ)     = (E_1(ξ_1), …, E_K(ξ_K), θ_rest + ξ_rest),  E_k = θ_k + ξ_k + ½ γ̈_k(0)
+    g_k(ξ, η)     ``inner``                    the metric (Frobenius ⟨ξ, η⟩_F for ``metric_norm=False``)
+    P_k ξ         ``horizontal_projection``    g-orthogonal onto the horizontal space
+    E_k(ξ)        ``second_order_geodesic``    θ_k + ξ + ½ γ̈_k(0)   (θ_k + ξ for ``geodesic_correction=False``)
+    d_k           P_k 𝔾_k⁻¹ (∂E_k/∂ξ)ᵀ ū_k      the ascent direction from the cotangent ū_k = ∂L/∂E_k
 
-every term from the factor's own generated functions (``inner``, ``horizontal_projection``,
-``riemannian_gradient``, ``second_order_geodesic``), each called with the factor's base-point factors
-(Gram matrices, inverses, Sylvester eigendecomposition: the module's ``prepare``, built once per space and
-passed as ``cache=``). The gradient ∇ = ∂F/∂ξ of F(ξ) = L(E(ξ)) comes from autograd through E (the
-generated kernels are differentiable). A tangent vector is a flat list: the blocks of factor 1, …, of
-factor K, then one tensor per adaptive parameter.
+with (∂E_k/∂ξ)ᵀ the generated ``second_order_geodesic_vjp`` (``torch.func.vjp`` of ``second_order_geodesic``
+for a module without one), the identity for ``geodesic_correction=False`` and for ``gradient="perturbed"``
+(the gradient at the perturbed weights, paper Algorithm 1), and 𝔾_k⁻¹ the generated
+``riemannian_gradient`` (the identity for ``metric_norm=False``). Each call gets the factor's base-point
+factors (Gram matrices, inverses, Sylvester eigendecomposition: the module's ``prepare``, once per space).
 
-Every generated projection is g-orthogonal (horizontal = g-orthogonal to the vertical space) and the
-ascent direction is P 𝔾⁻¹ ∇, so for horizontal ξ (zero where c = 0)
+Rank check: a factor whose group is a matrix group (GL-type, ``GROUP`` a shape) needs the Gram matrices XᵀX
+of its matrix blocks to be invertible; a rank-deficient block is refused with a clear ValueError (pass a
+relaxation eps > 0) before ``prepare`` would fail inside a Cholesky factorisation.
 
-    g(ξ, P 𝔾⁻¹ ∇) = g(ξ, 𝔾⁻¹ ∇) = Σ ⟨ξ, ∇⟩_F                                 (:attr:`ProductSpace.gradient_pairing`)
+The factor interface (what :class:`~geosharp_ref.sharpness.space.ProductSpace` calls):
 
-and Auto-PGD takes the norms of its steps from these Euclidean pairings: per step one metric norm (of the
-new iterate) instead of three, and no projection of combinations of horizontal vectors.
+* ``factor.param_names`` — the parameters it covers; ``factor.keys`` — one key per bound group;
+* ``factor.at(params, options) -> FactorAt`` — the factor at the base point (checks, caches);
+* ``factor.generic() -> list of factors`` — the same geometry without fast hooks (:class:`Factor` returns
+  itself; :class:`~geosharp_ref.sharpness.gl_factor.GLPairFactor` one generated ``gl_<metric>`` factor per
+  pair group). ``ProductSpace(..., fast=False)`` uses it.
 
-This is the readable math path, for any symmetry. The GL(h) attention pairs keep their fast path
-(:class:`~geosharp_ref.sharpness.space.PerturbationSpace`: base-point caches, stacked buckets, the
-cotangent VJP on block combinations, iterates carrying Gram products); tests check the two against each
-other to round-off.
+A factor at a base point (:class:`FactorAt`) works on its own slice of a tangent vector (a list of
+``size`` tensors) and an optional per-vector *state* (None for :class:`Factor`; the fast GL factor keeps
+the Gram products of the vector with the base point there, carried by
+:class:`~geosharp_ref.sharpness.space.Tangent`):
+
+* ``zeros()``, ``random(generator)`` (unprojected), ``project(xi)``;
+* ``inner(xi, eta, state=None)`` — g_k(ξ, η) summed over the groups (``state``: ξ's, given when ξ is η);
+* ``forward(xi, state) -> (E blocks, forward state)`` — E_k(ξ) without autograd (they enter the model as
+  leaves, so the backward pass stops at ū_k);
+* ``ascent(xi, cot, forward_state) -> (d, d's state, g(d, d), g(ξ, d))`` — the ascent direction with its two
+  pairings (for ``metric_norm`` they are ⟨d, ∇⟩_F and ⟨ξ, ∇⟩_F with ∇ = (∂E/∂ξ)ᵀ ū: g(ξ, P𝔾⁻¹∇) = ⟨ξ, ∇⟩_F
+  for horizontal ξ; for the Frobenius ablation they are computed with ⟨·,·⟩_F);
+* ``perturbed(xi)`` — E_k(ξ), differentiable in ξ; ``insert(params, blocks)`` — θ with θ_k replaced;
+* ``lincomb(terms)`` with ``terms`` = [(c, xi, state)] → (Σ c ξ, state), ``scale(xi, state, s)`` → (s ξ, state).
 """
 from __future__ import annotations
 
+import inspect
+import math
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Iterable
+from typing import Protocol
 
 import torch
 
-from ..apgd import radial_clip, value_and_grad
-from ..geometry import AdaptiveGeometry
+from ..apgd import combine
 from ..kernels import load_kernels
+from .space import SpaceOptions, frobenius
 
-__all__ = ["Factor", "PairBinding", "ProductSpace", "gl_pair_factors"]
+__all__ = ["Factor", "FactorAt", "check_rank"]
 
 
-class PairBinding:
-    """Binds a :class:`~geosharp_ref.symmetry.groups.PairGroup` (G, H per head) as a factor's two blocks."""
+class FactorAt(Protocol):
+    """A factor at a base point: the hooks :class:`~geosharp_ref.sharpness.space.ProductSpace` calls (see
+    the module doc for their mathematics)."""
 
-    def __init__(self, group):
-        self.group = group
-        self.key = group.key
-        self.param_names = tuple(group.param_names)
+    size: int
 
-    def extract(self, params) -> tuple:
-        return tuple(self.group.extract(params))
+    def zeros(self) -> list: ...
 
-    def insert(self, params, blocks) -> dict:
-        return self.group.insert(params, *blocks)
+    def random(self, generator) -> list: ...
+
+    def inner(self, xi, eta, state=None) -> torch.Tensor: ...
+
+    def project(self, xi) -> list: ...
+
+    def forward(self, xi, state) -> tuple: ...
+
+    def ascent(self, xi, cot, forward_state) -> tuple: ...
+
+    def perturbed(self, xi) -> list: ...
+
+    def insert(self, params, blocks) -> dict: ...
+
+    def lincomb(self, terms) -> tuple: ...
+
+    def scale(self, xi, state, s) -> tuple: ...
+
+
+def check_rank(key: str, names, blocks, eps: float = 0.0) -> None:
+    """Refuse matrix blocks X (…, n, h) whose Gram matrix XᵀX (+ eps I) is singular (per leading index,
+    e.g. per head): the quotient geometry of a GL-type symmetry needs (XᵀX)⁻¹."""
+    for name, X in zip(names, blocks):
+        S = X.mT @ X
+        ev = torch.linalg.eigvalsh(S)
+        bad = (ev[..., 0] + eps) <= 1e-12 * ev[..., -1].clamp_min(1e-300)
+        if bool(bad.any()):
+            heads = bad.nonzero().flatten().tolist()
+            raise ValueError(
+                f"{key}: {name} is rank deficient for heads {heads} "
+                f"(smallest eigenvalue of {name}ᵀ{name} {float(ev[..., 0].min()):.3g}); "
+                "pass a relaxation eps > 0 (paper App. H.2), e.g. eps=1e-6"
+            )
 
 
 @dataclass(frozen=True)
 class Factor:
     """A generated geometry (``kernels``: a module or its name/path) bound to parameter blocks
-    (``binding``: ``extract(params) -> blocks``, ``insert(params, blocks) -> new params``, ``param_names``)."""
+    (``binding``: ``extract(params) -> blocks``, ``insert(params, blocks) -> new params``, ``param_names``,
+    ``key``); every hook from the generated kernels (see the module doc).
+
+    Kernel options: a binding may carry ``kernel_options`` (a dict, optional attribute of the
+    :class:`~geosharp_ref.symmetry.binding.Binding` protocol), extra keyword arguments of its kernels that fix
+    *which* geometry they compute at a given block shape, e.g. ``{"rotary_dim": r}`` for the RoPE subgroup
+    kernels (``rope_<pairing>_<metric>``) of a partial-rotary Q/K pair. They are passed to ``prepare`` (the
+    cached kernels then read them from the cache) and to every uncached call whose signature takes them."""
 
     kernels: object
     binding: object
@@ -73,156 +124,166 @@ class Factor:
     def module(self) -> ModuleType:
         return load_kernels(self.kernels)
 
+    @property
+    def param_names(self) -> tuple:
+        return tuple(self.binding.param_names)
+
+    @property
+    def keys(self) -> list:
+        return [self.binding.key]
+
+    def generic(self) -> list:
+        return [self]
+
+    def at(self, params, options: SpaceOptions = SpaceOptions()) -> "GenericFactorAt":
+        return GenericFactorAt(self, params, options)
+
+    @property
+    def kernel_options(self) -> dict:
+        """The binding's ``kernel_options`` (extra keyword arguments of its kernels; empty when it has none)."""
+        return dict(getattr(self.binding, "kernel_options", None) or {})
+
     def prepare(self, point):
         """The base-point factors of ``point`` for the ``cache=`` argument of the other methods (None for
-        element-wise geometries, which have none)."""
-        prepare = None if self.module.ELEMENTWISE else getattr(self.module, "prepare", None)
-        return None if prepare is None else prepare(*point, eps=self.eps)
+        element-wise geometries, which have none); the binding's :attr:`kernel_options` go to ``prepare``."""
+        module = self.module
+        prepare = None if module.ELEMENTWISE else getattr(module, "prepare", None)
+        return None if prepare is None else prepare(*point, eps=self.eps, **self.kernel_options)
 
-    def _kw(self, cache):
-        return {} if self.module.ELEMENTWISE else {"eps": self.eps, "cache": cache}
+    def _kw(self, cache, fn=None):
+        """Keyword arguments of a kernel call: eps and cache; without a cache, the :attr:`kernel_options` that
+        ``fn``'s signature takes (with one, the kernels read them from the cache)."""
+        if self.module.ELEMENTWISE:
+            return {}
+        kw = {"eps": self.eps, "cache": cache}
+        options = self.kernel_options
+        if cache is None and options and fn is not None:
+            accepted = inspect.signature(fn).parameters
+            kw.update({k: v for k, v in options.items() if k in accepted})
+        return kw
+
+    def _call(self, name, *args, cache=None):
+        fn = getattr(self.module, name)
+        return fn(*args, **self._kw(cache, fn))
 
     def inner(self, point, xi, eta, cache=None):
-        return self.module.inner(*point, *xi, *eta, **self._kw(cache)).sum()
+        return self._call("inner", *point, *xi, *eta, cache=cache).sum()
 
     def project(self, point, xi, cache=None):
-        return tuple(self.module.horizontal_projection(*point, *xi, **self._kw(cache)))
+        return tuple(self._call("horizontal_projection", *point, *xi, cache=cache))
 
     def riemannian_gradient(self, point, egrad, cache=None):
-        return tuple(self.module.riemannian_gradient(*point, *egrad, **self._kw(cache)))
+        return tuple(self._call("riemannian_gradient", *point, *egrad, cache=cache))
 
     def second_order_geodesic(self, point, xi, cache=None):
-        return tuple(self.module.second_order_geodesic(*point, *xi, **self._kw(cache)))
+        return tuple(self._call("second_order_geodesic", *point, *xi, cache=cache))
+
+    def second_order_geodesic_fwd(self, point, xi, cache=None):
+        """(E(ξ), saved): the generated ``second_order_geodesic_fwd`` (``saved``: the products its VJP
+        reuses), or (``second_order_geodesic``, None) for a module without one."""
+        fwd = getattr(self.module, "second_order_geodesic_fwd", None)
+        if fwd is None:
+            return self.second_order_geodesic(point, xi, cache), None
+        *E, saved = fwd(*point, *xi, **self._kw(cache, fwd))
+        return tuple(E), saved
+
+    def second_order_geodesic_vjp(self, point, xi, cot, cache=None, saved=None):
+        """(∂E/∂ξ)ᵀ ū: the generated VJP (``saved`` from :meth:`second_order_geodesic_fwd` skips products), or
+        ``torch.func.vjp`` of ``second_order_geodesic`` for a module without one."""
+        module = self.module
+        vjp = getattr(module, "second_order_geodesic_vjp", None)
+        if vjp is not None:
+            kw = self._kw(cache, vjp)
+            return tuple(vjp(*point, *xi, *cot, **kw, **({} if saved is None else {"saved": saved})))
+        kw = self._kw(cache, module.second_order_geodesic)
+        n = len(point)
+        _, pull = torch.func.vjp(lambda *x: tuple(module.second_order_geodesic(*point, *x, **kw)), *xi)
+        return tuple(pull(tuple(cot))[:n])
 
 
-def gl_pair_factors(groups, metric: str, eps: float = 0.0) -> list:
-    """One factor per GL(h) pair group, with the built-in ``gl_inv`` / ``gl_mix`` kernels."""
-    return [Factor(f"gl_{metric}", PairBinding(g), eps) for g in groups]
+def _is_matrix_group(module) -> bool:
+    return not module.ELEMENTWISE and isinstance(getattr(module, "GROUP", None), tuple)
 
 
-def _euclidean_pairing(xi, egrad):
-    """Σ ⟨ξ, ∇⟩_F over a list of tensors (a 0-dim tensor)."""
-    total = 0.0
-    for x, g in zip(xi, egrad):
-        total = total + torch.dot(x.reshape(-1), g.reshape(-1).to(x.dtype))
-    return torch.as_tensor(total)
+class GenericFactorAt:
+    """:class:`Factor` at a base point: every hook from the generated kernels (no per-vector state)."""
 
-
-class ProductSpace:
-    """Tangent space at θ of the product of ``factors`` and the adaptive geometry on the rest (see the
-    module doc); implements what :func:`geosharp_ref.apgd.apgd` needs.
-
-    ``adaptive_masks``: name → bool mask of the elements left to the adaptive geometry (None: the whole
-    tensor); parameters absent from it are covered by factors only. Default: every parameter no factor
-    names is adaptive. ``geodesic_correction=False`` perturbs θ + ξ (paper App. G)."""
-
-    def __init__(self, params: dict, factors=(), adaptive_masks=None, geodesic_correction: bool = True,
-                 adaptive_offset: float = 0.0, exclude: Iterable[str] = ()):
-        self.base = params
-        self.factors = list(factors)
-        self.points = [f.binding.extract(params) for f in self.factors]
-        self.caches = [f.prepare(p) for f, p in zip(self.factors, self.points)]  # once per base point
-        self.sizes = [len(p) for p in self.points]
-        self.geodesic_correction = geodesic_correction
-        self.adaptive = AdaptiveGeometry(adaptive_offset)
-        covered = {n for f in self.factors for n in f.binding.param_names}
-        if adaptive_masks is None:
-            adaptive_masks = {n: None for n in params if n not in covered}
-        exclude = set(exclude)
-        self.adaptive_names = [n for n in adaptive_masks if n not in exclude and params[n].is_floating_point()]
-        # once per base point: c² (the adaptive Riemannian gradient is c² ⊙ ∇), the movable coordinates
-        # c > 0 and the adaptive metric's weight 1/c² (0 on immovable coordinates)
-        self._scale2, self._movable, self._inv_scale2 = [], [], []
-        for n in self.adaptive_names:
-            c = self.adaptive.scale(params[n])
-            m = adaptive_masks[n]
-            c = c if m is None else c * m.to(c.dtype)
-            self._scale2.append(c * c)
-            self._movable.append(c > 0)
-            self._inv_scale2.append(torch.where(c > 0, c, torch.inf).square().reciprocal())
-
-    @property
-    def scales(self):
-        """The adaptive scales c = |θ| (+ offset, masked), one tensor per adaptive parameter."""
-        return [c2.sqrt() for c2 in self._scale2]
-
-    # -- vectors ------------------------------------------------------------------------------------
-    def _split(self, xi):
-        """``([blocks of factor k] for k, adaptive tensors)``."""
-        parts, i = [], 0
-        for k in self.sizes:
-            parts.append(tuple(xi[i:i + k]))
-            i += k
-        return parts, list(xi[i:])
-
-    @staticmethod
-    def _join(parts, rest):
-        return [x for p in parts for x in p] + list(rest)
+    def __init__(self, factor: Factor, params, options: SpaceOptions):
+        self.factor, self.options = factor, options
+        self.point = tuple(factor.binding.extract(params))
+        self.size = len(self.point)
+        module = factor.module
+        self.matrix_group = _is_matrix_group(module)
+        if self.matrix_group:  # GL-type: (XᵀX)⁻¹ of every matrix block is needed
+            shapes = getattr(module, "BLOCK_SHAPES", ((),) * self.size)
+            names = getattr(module, "BLOCKS", tuple(str(i) for i in range(self.size)))
+            mats = [(nm, X) for nm, X, s in zip(names, self.point, shapes) if len(s) == 2 and X.dim() >= 2]
+            check_rank(factor.binding.key, [m[0] for m in mats], [m[1] for m in mats], factor.eps)
+        self.cache = factor.prepare(self.point)
 
     def zeros(self):
-        return self._join([tuple(torch.zeros_like(b) for b in p) for p in self.points],
-                          [torch.zeros_like(self.base[n]) for n in self.adaptive_names])
+        return [torch.zeros_like(b) for b in self.point]
 
-    def random(self, rho, generator=None):
-        """A Gaussian direction (scaled by |θ| on the rest), projected horizontally, at radius ρ·u."""
-        parts = [tuple(torch.randn(b.shape, generator=generator, dtype=b.dtype).to(b.device) for b in p)
-                 for p in self.points]
-        rest = [c * torch.randn(c.shape, generator=generator, dtype=c.dtype).to(c.device) for c in self.scales]
-        u = float(torch.rand((), generator=generator))
-        xi = self.project_horizontal(self._join(parts, rest))
-        n = self.norm(xi)
-        return xi if n == 0 else [x * (rho * u / n) for x in xi]
+    def random(self, generator):
+        """Gaussian blocks; for a matrix group (right action X ↦ X A) W X with W Gaussian square (1/√n),
+        which transforms like a tangent vector, so a random start keeps the invariance (as the GL factor)."""
+        if not self.matrix_group:
+            return [torch.randn(b.shape, generator=generator, dtype=b.dtype).to(b.device) for b in self.point]
+        out = []
+        for X in self.point:
+            if X.dim() < 2:
+                out.append(torch.randn(X.shape, generator=generator, dtype=X.dtype).to(X.device))
+                continue
+            W = torch.randn(X.shape[:-2] + (X.shape[-2], X.shape[-2]), generator=generator,
+                            dtype=X.dtype).to(X.device) / math.sqrt(X.shape[-2])
+            out.append(W @ X)
+        return out
 
-    # -- the metric and the projection ---------------------------------------------------------------
-    def inner(self, xi, eta):
-        px, ax = self._split(xi)
-        pe, ae = self._split(eta)
-        total = 0.0
-        for f, point, cache, a, b in zip(self.factors, self.points, self.caches, px, pe):
-            total = total + f.inner(point, a, b, cache)
-        for w, x, e in zip(self._inv_scale2, ax, ae):
-            total = total + torch.dot((x * w).reshape(-1), e.reshape(-1))
-        return torch.as_tensor(total)
+    def inner(self, xi, eta, state=None):
+        if self.options.metric_norm:
+            return self.factor.inner(self.point, xi, eta, self.cache)
+        return frobenius(xi, eta)
 
-    def norm(self, xi):
-        return float(self.inner(xi, xi)) ** 0.5
+    def project(self, xi):
+        return list(self.factor.project(self.point, xi, self.cache))
 
-    def project_horizontal(self, xi):
-        px, ax = self._split(xi)
-        return self._join([f.project(p, x, c) for f, p, c, x in zip(self.factors, self.points, self.caches, px)],
-                          [x * m for m, x in zip(self._movable, ax)])
+    def forward(self, xi, state):
+        """E(ξ); the forward state is what the generated VJP reuses (exact gradient only)."""
+        o = self.options
+        if not o.geodesic_correction:
+            return [b + x for b, x in zip(self.point, xi)], None
+        if o.gradient == "exact":
+            E, saved = self.factor.second_order_geodesic_fwd(self.point, xi, self.cache)
+            return list(E), saved
+        return list(self.factor.second_order_geodesic(self.point, xi, self.cache)), None
 
-    def project(self, xi, rho):
-        """Horizontal projection, then radially into the ball ‖ξ‖ ≤ ρ."""
-        xi = self.project_horizontal(xi)
-        return radial_clip(xi, self.inner(xi, xi), rho)[0]
+    def perturbed(self, xi):
+        if not self.options.geodesic_correction:
+            return [b + x for b, x in zip(self.point, xi)]
+        if self.options.gradient == "perturbed":  # value E(ξ), derivative in ξ the identity
+            with torch.no_grad():
+                E = self.factor.second_order_geodesic(self.point, xi, self.cache)
+            return [e + (x - x.detach()) for e, x in zip(E, xi)]
+        return list(self.factor.second_order_geodesic(self.point, xi, self.cache))
 
-    @property
-    def gradient_pairing(self):
-        """``(ξ, ∇) ↦ Σ ⟨ξ, ∇⟩_F``, equal to g(ξ, ascent_direction(∇)) for every ξ of the space (see the
-        module doc); Auto-PGD (:func:`geosharp_ref.apgd.apgd_step`) takes the norms of its steps from it."""
-        return _euclidean_pairing
+    def ascent(self, xi, cot, forward_state):
+        o = self.options
+        if o.geodesic_correction and o.gradient == "exact":
+            grad = self.factor.second_order_geodesic_vjp(self.point, xi, cot, self.cache, forward_state)
+        else:
+            grad = tuple(cot)
+        if o.metric_norm:
+            d = list(self.factor.project(self.point, self.factor.riemannian_gradient(self.point, grad, self.cache),
+                                         self.cache))
+            return d, None, frobenius(d, grad), frobenius(xi, grad)
+        d = list(self.factor.project(self.point, grad, self.cache))
+        return d, None, frobenius(d, d), frobenius(xi, d)
 
-    def ascent_direction(self, xi, egrad):
-        """P 𝔾⁻¹ ∇ per factor, c² ⊙ ∇ on the rest (the horizontal Riemannian gradient at θ)."""
-        pg, ag = self._split(egrad)
-        parts = [f.project(p, f.riemannian_gradient(p, g, c), c)
-                 for f, p, c, g in zip(self.factors, self.points, self.caches, pg)]
-        return self._join(parts, [c2 * g for c2, g in zip(self._scale2, ag)])
+    def insert(self, params, blocks):
+        return self.factor.binding.insert(params, tuple(blocks))
 
-    # -- the perturbed model ---------------------------------------------------------------------------
-    def perturbed_params(self, xi):
-        """The parameters at E(ξ) (a new dict; differentiable in ξ)."""
-        px, ax = self._split(xi)
-        new = dict(self.base)
-        for f, point, cache, x in zip(self.factors, self.points, self.caches, px):
-            blocks = f.second_order_geodesic(point, x, cache) if self.geodesic_correction else \
-                tuple(b + d for b, d in zip(point, x))
-            new = f.binding.insert(new, blocks)
-        for n, x in zip(self.adaptive_names, ax):
-            new[n] = new[n] + x
-        return new
+    def lincomb(self, terms):
+        return [combine([(c, x[j]) for c, x, _ in terms]) for j in range(self.size)], None
 
-    def value_and_grad(self, loss_of_params):
-        """``f_and_grad(ξ) -> (F(ξ), ∂F/∂ξ)`` with F(ξ) = loss_of_params(E(ξ)), by autograd."""
-        return value_and_grad(lambda v: loss_of_params(self.perturbed_params(v)))
+    def scale(self, xi, state, s):
+        return [x * (s.to(x.dtype) if torch.is_tensor(s) else s) for x in xi], None

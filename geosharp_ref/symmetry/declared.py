@@ -28,7 +28,7 @@ space, its heads (or a single group) on the leading batch axis. So for the match
     X = split_heads( [Pᵀ ; b] )   (transpose and bias when declared)
 
 and the binding's ``act(θ, A)`` is the generated module's own ``act`` on the blocks. A declared binding is
-used only after :func:`~geosharp_ref.symmetry.bindings.check_binding` measured that acting with random
+used only after :func:`~geosharp_ref.symmetry.check.check_symmetry` measured that acting with random
 elements of the declared group leaves the model's output unchanged (float64).
 
 Every entry is checked against the kernel module before any model is touched (:func:`check_declarations`):
@@ -43,7 +43,8 @@ from collections.abc import Mapping
 import torch
 
 from ..kernels import kernel_name
-from ..verification.sampling import sample_group_element
+from ..sampling import sample_group_element
+from .binding import claim
 
 __all__ = ["DeclaredBinding", "check_declarations", "declared_bindings", "BLOCK_KEYS"]
 
@@ -131,13 +132,15 @@ def _pattern_regex(pattern: str) -> re.Pattern:
 
 
 class DeclaredBinding:
-    """One match of a declaration: the blocks of kernel module ``kernels`` cut out of named parameters.
+    """One match of a declaration: the blocks of kernel module ``kernels`` cut out of named parameters (a
+    :class:`~geosharp_ref.symmetry.binding.Binding`; ``checked`` is False until
+    :func:`~geosharp_ref.symmetry.check.check_symmetry` has measured it on a model).
 
     ``entries``: block → {param, transpose, bias, heads} with the placeholders filled in (concrete names)."""
 
     def __init__(self, kernels, entries: dict, key: str):
         self.kernels, self.entries, self.key = kernels, entries, key
-        self.checked = False  # set by geosharp_ref.symmetry.catalogue.check_symmetry
+        self.checked = False  # set by geosharp_ref.symmetry.check.check_symmetry
         names = []
         for e in entries.values():
             names += [e["param"]] + ([e["bias"]] if e.get("bias") else [])
@@ -238,10 +241,6 @@ def declared_bindings(model_or_params, module, declarations, where: str = "BINDI
             entry = f"[{i}]" if len(checked) > 1 else ""
             binding = DeclaredBinding(module, filled, f"{kernel_name(module)}{entry}:{label}")
             _check_shapes(module, binding, params, f"{at} ({label})")
-            for n in binding.param_names:
-                if n in owner:
-                    raise ValueError(f"parameter {n!r} is bound twice, by {owner[n]} and {binding.key}; a parameter "
-                                     f"belongs to one symmetry")
-                owner[n] = binding.key
+            claim(owner, binding)
             found.append(binding)
     return found

@@ -14,6 +14,12 @@ Each check compares a generated kernel with an independent computation:
   and its generated vector-Jacobian product (with and without the forward's saved products) against
   θ + ξ + ½γ̈ built from the acceleration kernel and differentiated by ``torch.func.vjp``.
 
+For a module whose group is a subgroup of GL(h) given by a Lie subalgebra (``PROJECTION_KIND == "subalgebra"``,
+e.g. ``rope_half_mix``) the group elements come from the module's own ``random_group_element`` and two more checks
+run: ``subgroup_equivariance`` (inner, projection and Riemannian gradient at ψ(A, θ) against those at θ, A in the
+subgroup) and ``dense_projection`` (the kernel's projection against a least-squares g-orthogonal projection onto the
+span of the vertical vectors v(E_k) of the basis, by dense linear algebra in coordinates).
+
 All use random well-conditioned inputs; no SymPy is imported.
 """
 from __future__ import annotations
@@ -25,10 +31,25 @@ import torch
 from ..kernels import BUILTIN_MODULES, load_kernels
 from .reference import geodesic_acceleration as koszul_acceleration
 from .reference import integrate_geodesic
-from .sampling import sample_group_element, sample_point, sample_tangent
+from ..sampling import sample_group_element, sample_point, sample_tangent
 
-__all__ = ["run_checks",
+__all__ = ["run_checks", "subgroup_equivariance_errors", "dense_projection_error",
            "verification_table", "BUILTIN_MODULES"]
+
+#: sizes for subalgebra modules: h = 6 with rotary dimension 4 exercises pairs, free coordinates and their coupling
+SUBGROUP_SIZES = {"n": 7, "m": 6, "h": 6}
+SUBGROUP_ROTARY_DIM = 4
+
+
+def _is_subgroup(mod):
+    return getattr(mod, "PROJECTION_KIND", None) == "subalgebra"
+
+
+def _group_element(mod, point, seed, scale, rotary_dim=None):
+    if _is_subgroup(mod):
+        gen = torch.Generator().manual_seed(seed)
+        return mod.random_group_element(point[0], generator=gen, scale=scale, rotary_dim=rotary_dim)
+    return sample_group_element(mod, point, seed=seed, scale=scale)
 
 def _rel(a, b):
     num = max(float((x - y).abs().max()) for x, y in zip(a, b))
@@ -57,12 +78,14 @@ def acceleration_vs_koszul(mod, seed=0, sizes=None):
     return _rel(got, ref)
 
 
-def projection_errors(mod, seed=0, batch=(2, 3), dtype=torch.float64, sizes=None):
+def projection_errors(mod, seed=0, batch=(2, 3), dtype=torch.float64, sizes=None, rotary_dim=None):
     """(horizontal residual, idempotence error, orthogonality) relative errors."""
     mod = load_kernels(mod)
     point = sample_point(mod, batch=batch, sizes=sizes, seed=seed, dtype=dtype)
     xi = sample_tangent(mod, point, seed=seed + 1)
     kw = _eps_kw(mod)
+    if _is_subgroup(mod):
+        kw = {**kw, "rotary_dim": rotary_dim}
     p = mod.horizontal_projection(*point, *xi, **kw)
     res = mod.horizontal_residual(*point, *p, **kw)
     res0 = mod.horizontal_residual(*point, *xi, **kw)
@@ -70,8 +93,9 @@ def projection_errors(mod, seed=0, batch=(2, 3), dtype=torch.float64, sizes=None
     pp = mod.horizontal_projection(*point, *p, **kw)
     idem = _rel(pp, p)
     removed = tuple(x - y for x, y in zip(xi, p))
-    ortho = mod.inner(*point, *p, *removed, **kw)
-    scale = mod.inner(*point, *xi, *xi, **kw)
+    ikw = _eps_kw(mod)
+    ortho = mod.inner(*point, *p, *removed, **ikw)
+    scale = mod.inner(*point, *xi, *xi, **ikw)
     orth = float((ortho.abs() / scale.abs()).max())
     return horiz, idem, orth
 
@@ -91,13 +115,13 @@ def gradient_error(mod, seed=0, batch=(2,), dtype=torch.float64):
     return float(((lhs - rhs).abs() / rhs.abs().clamp_min(1e-12)).max())
 
 
-def invariance_errors(mod, seed=0, batch=(3,), scale=1.0, dtype=torch.float64):
+def invariance_errors(mod, seed=0, batch=(3,), scale=1.0, dtype=torch.float64, sizes=None, rotary_dim=None):
     """(metric invariance, acceleration equivariance) relative errors under a random A."""
     mod = load_kernels(mod)
-    point = sample_point(mod, batch=batch, seed=seed, dtype=dtype)
+    point = sample_point(mod, batch=batch, seed=seed, dtype=dtype, sizes=sizes)
     xi = sample_tangent(mod, point, seed=seed + 1)
     eta = sample_tangent(mod, point, seed=seed + 2)
-    A = sample_group_element(mod, point, seed=seed + 3, scale=scale)
+    A = _group_element(mod, point, seed + 3, scale, rotary_dim)
     kw = _eps_kw(mod)
     moved = mod.act(*point, A)
     push = _pushforward(mod, point, A)
@@ -117,10 +141,73 @@ def _pushforward(mod, point, A):
     return push
 
 
-def geodesic_order(mod, seed=0, ts=(0.08, 0.04, 0.02, 0.01)):
+def subgroup_equivariance_errors(mod, seed=0, batch=(3,), scale=1.0, dtype=torch.float64, sizes=None,
+                                 rotary_dim=None):
+    """For A in the module's subgroup: (inner invariance, projection equivariance, gradient equivariance) relative
+    errors: g_{ψθ}(dψ ξ, dψ η) = g_θ(ξ, η); P_{ψθ}(dψ ξ) = dψ(P_θ ξ); grad at ψθ of the transported Euclidean
+    gradient (dψ⁻¹)* ∇ = dψ(grad at θ of ∇). The transports come from the generated action by torch.func."""
+    mod = load_kernels(mod)
+    point = sample_point(mod, batch=batch, seed=seed, dtype=dtype, sizes=sizes)
+    xi, eta, egrad = (sample_tangent(mod, point, seed=seed + k) for k in (1, 2, 4))
+    A = _group_element(mod, point, seed + 3, scale, rotary_dim)
+    kw, pkw = _eps_kw(mod), {**_eps_kw(mod), "rotary_dim": rotary_dim}
+    moved = mod.act(*point, A)
+    push = _pushforward(mod, point, A)
+    g0 = mod.inner(*point, *xi, *eta, **kw)
+    g1 = mod.inner(*moved, *push(xi), *push(eta), **kw)
+    ginv = float(((g1 - g0).abs() / g0.abs().clamp_min(1e-12)).max())
+    p0 = push(mod.horizontal_projection(*point, *xi, **pkw))
+    p1 = mod.horizontal_projection(*moved, *push(xi), **pkw)
+    # Euclidean gradient of f ∘ ψ_A⁻¹ at ψ_A θ: the pullback of ∇ by ψ_{A⁻¹} (a VJP of the generated action)
+    A_inv = torch.linalg.inv(A)
+    _, pull = torch.func.vjp(lambda *p: mod.act(*p, A_inv), *moved)
+    egrad1 = pull(tuple(egrad))
+    r0 = push(mod.riemannian_gradient(*point, *egrad, **kw))
+    r1 = mod.riemannian_gradient(*moved, *egrad1, **kw)
+    return ginv, _rel(p1, p0), _rel(r1, r0)
+
+
+def _coordinate_metric(mod, point, kw):
+    """The metric's matrix in the coordinates of the flattened blocks (dense, N × N, unbatched point)."""
+    sizes = [p.numel() for p in point]
+    N = sum(sizes)
+    eye = torch.eye(N, dtype=point[0].dtype)
+    basis, k = [], 0
+    for p, n in zip(point, sizes):
+        basis.append(eye[:, k:k + n].reshape(N, *p.shape))
+        k += n
+    xi = tuple(b[:, None] for b in basis)
+    eta = tuple(b[None, :] for b in basis)
+    return mod.inner(*point, *xi, *eta, **kw)
+
+
+def dense_projection_error(mod, seed=0, sizes=None, rotary_dim=None, dtype=torch.float64):
+    """Max relative difference between the kernel's horizontal projection and the g-orthogonal projection onto the
+    complement of span{v(E_k)} (E_k the subalgebra basis) computed densely: with V the matrix of the flattened
+    vertical vectors and 𝔤 the coordinate metric, ξ_h = ξ − V (Vᵀ𝔤V)⁻¹ Vᵀ𝔤 ξ. Also returns the dense result's
+    horizontal residual (g(ξ_h, v(E_k)), relative) to show the reference itself is right."""
+    mod = load_kernels(mod)
+    point = sample_point(mod, sizes=sizes, seed=seed, dtype=dtype)
+    xi = sample_tangent(mod, point, seed=seed + 1)
+    kw = _eps_kw(mod)
+    h = point[0].shape[-1]
+    E = mod.subalgebra_basis(h, rotary_dim).matrices(dtype)
+    verts = mod.vertical(*point, E)  # each (d, rows, h)
+    V = torch.cat([v.reshape(E.shape[0], -1) for v in verts], dim=1).T  # (N, d)
+    Gm = _coordinate_metric(mod, point, kw)
+    x = torch.cat([t.reshape(-1) for t in xi])
+    coeff = torch.linalg.solve(V.T @ Gm @ V, V.T @ Gm @ x)
+    dense = x - V @ coeff
+    got = torch.cat([t.reshape(-1) for t in mod.horizontal_projection(*point, *xi, **kw, rotary_dim=rotary_dim)])
+    err = float((got - dense).abs().max() / dense.abs().max())
+    resid = float((V.T @ Gm @ dense).abs().max() / (V.T @ Gm @ x).abs().max())
+    return err, resid
+
+
+def geodesic_order(mod, seed=0, ts=(0.08, 0.04, 0.02, 0.01), sizes=None):
     """Slope of log‖γ(t) − second-order expansion‖ vs log t (3 expected) and the errors."""
     mod = load_kernels(mod)
-    point = sample_point(mod, seed=seed)
+    point = sample_point(mod, seed=seed, sizes=sizes)
     xi = mod.horizontal_projection(*point, *sample_tangent(mod, point, seed=seed + 1), **_eps_kw(mod))
     acc = mod.geodesic_acceleration(*point, *xi, **_eps_kw(mod))
 
@@ -161,9 +248,16 @@ def second_order_vjp_error(mod, seed=0, batch=(2,), dtype=torch.float64):
 
 def run_checks(name, seed=0) -> dict:
     mod = load_kernels(name)
-    horiz, idem, orth = projection_errors(mod, seed=seed)
-    ginv, ainv = invariance_errors(mod, seed=seed)
-    slope, errs = geodesic_order(mod, seed=seed)
+    sub = _is_subgroup(mod)
+    sizes, r = (SUBGROUP_SIZES, SUBGROUP_ROTARY_DIM) if sub else (None, None)
+    horiz, idem, orth = projection_errors(mod, seed=seed, sizes=sizes, rotary_dim=r)
+    ginv, ainv = invariance_errors(mod, seed=seed, sizes=sizes, rotary_dim=r)
+    slope, errs = geodesic_order(mod, seed=seed, sizes=sizes)
+    extra = {}
+    if sub:
+        g, p, rg = subgroup_equivariance_errors(mod, seed=seed, sizes=sizes, rotary_dim=r)
+        extra = {"metric_invariance": max(ginv, g), "accel_equivariance": max(ainv, p, rg),
+                 "dense_projection": dense_projection_error(mod, seed=seed, sizes=sizes, rotary_dim=r)[0]}
     return {
         "module": getattr(mod, "__name__", str(name)).rsplit(".", 1)[-1],
         "projection": mod.PROJECTION_KIND,
@@ -177,6 +271,7 @@ def run_checks(name, seed=0) -> dict:
         "second_order_vjp": second_order_vjp_error(mod, seed=seed),
         "geodesic_slope": slope,
         "geodesic_err_min_t": errs[-1],
+        **extra,
     }
 
 
@@ -184,19 +279,21 @@ def verification_table(names=BUILTIN_MODULES, tol=1e-9) -> tuple[bool, str]:
     """Run all checks on the modules; (all passed, printable table)."""
     cols = ["accel_vs_koszul", "horizontal", "idempotent", "orthogonal", "gradient",
             "metric_invariance", "accel_equivariance", "second_order_vjp"]
-    head = f"{'module':<12s} {'proj':<10s} " + " ".join(f"{c[:12]:>12s}" for c in cols) + f" {'t^k slope':>9s}"
+    head = f"{'module':<20s} {'proj':<10s} " + " ".join(f"{c[:12]:>12s}" for c in cols) + f" {'t^k slope':>9s}"
     lines = [head, "-" * len(head)]
     ok = True
     for name in names:
         r = run_checks(name)
-        row_ok = all(r[c] < tol for c in cols)
+        row_ok = all(r[c] < tol for c in cols) and r.get("dense_projection", 0.0) < tol
         flat = r["geodesic_err_min_t"] < 1e-12  # flat metric: the expansion is exact
         row_ok = row_ok and (flat or abs(r["geodesic_slope"] - 3) < 0.3)
         ok &= row_ok
         slope = "exact" if flat else f"{r['geodesic_slope']:.2f}"
-        lines.append(f"{r['module']:<12s} {r['projection']:<10s} "
+        lines.append(f"{r['module']:<20s} {r['projection']:<10s} "
                      + " ".join(f"{r[c]:12.1e}" for c in cols) + f" {slope:>9s}"
                      + ("" if row_ok else "  FAIL"))
     lines.append(f"(relative errors in float64, tolerance {tol:g}; slope of the second-order geodesic "
-                 "error against an integrated ODE, 3 expected)")
+                 "error against an integrated ODE, 3 expected; subalgebra modules at h = "
+                 f"{SUBGROUP_SIZES['h']}, rotary_dim {SUBGROUP_ROTARY_DIM}, with subgroup elements, their projection "
+                 "and gradient equivariance and a dense least-squares projection folded into the columns)")
     return ok, "\n".join(lines)

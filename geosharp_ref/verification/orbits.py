@@ -1,7 +1,7 @@
 """Orbit invariance of a whole model: move it along its symmetry orbits and measure what changes.
 
 For each scale a, every GL(h) group of the model's symmetry map gets A = a·Q·diag(u) per head
-(:func:`~geosharp_ref.verification.sampling.draw_orbit_elements`); the moved model ψ(A, θ) must give the
+(:func:`~geosharp_ref.sampling.draw_orbit_elements`); the moved model ψ(A, θ) must give the
 same logits, the same geodesic sharpness (inv, mix) and the same norm of the horizontal Riemannian
 gradient, to round-off (float64). Adaptive sharpness is not invariant and is expected to change.
 The relative change of a quantity is |f(ψ(A, θ)) − f(θ)| / |f(θ)| (max-abs over the logits).
@@ -20,11 +20,11 @@ import warnings
 
 import torch
 
-from ..sharpness.loss import call_model, model_logits
-from ..sharpness.measures import adaptive_sharpness, generic_space, geodesic_sharpness, gradient_dual_norm, yield_to
-from ..symmetry import SymmetryMap
-from ..sharpness.space import PerturbationSpace
-from .sampling import draw_orbit_elements
+from ..forward import call_model, model_logits
+from ..sharpness import adaptive_sharpness, build_space, geodesic_sharpness
+from ..sharpness.pipeline import gradient_dual_norm
+from ..symmetry import NoAttentionPairsWarning, Quotient, SymmetryMap
+from ..sampling import draw_orbit_elements
 
 __all__ = ["riemannian_gradient_norm", "model_with_params", "orbit_quantities", "relative_change",
            "orbit_invariance", "INVARIANCE_TOL", "QUANTITIES", "INVARIANT_QUANTITIES"]
@@ -34,7 +34,6 @@ INVARIANCE_TOL = 1e-6
 #: what is measured at every point of the orbit, and which of it must not change
 QUANTITIES = ("output", "geodesic-inv", "geodesic-mix", "grad-inv", "grad-mix", "adaptive")
 INVARIANT_QUANTITIES = ("output", "geodesic-inv", "geodesic-mix", "grad-inv", "grad-mix")
-NO_GROUPS_WARNING = r"(symmetry_map: no GL\(h\) attention pair recognised|no GL\(h\) attention pairs found)"
 
 
 def model_with_params(model, params):
@@ -51,8 +50,7 @@ def riemannian_gradient_norm(model, smap, batch, metric, symmetries=None):
     (GL(h) pairs, ``metric``; and ``symmetries`` on the generic path) plus the adaptive geometry elsewhere
     (as the sharpness ascent uses)."""
     params = {n: p.detach() for n, p in model.named_parameters()}
-    space = (PerturbationSpace(params, smap.groups, smap.adaptive_masks, metric=metric) if symmetries is None
-             else generic_space(params, smap, metric, symmetries))
+    space = build_space(params, smap, metric, symmetries)
     return gradient_dual_norm(model, space, batch)
 
 
@@ -66,7 +64,7 @@ def orbit_quantities(model, smap, batch, rho, iters, seed, symmetries=None):
     kw = dict(n_iter=iters, seed=seed, dtype=torch.float64)
     vals = {"output": out}
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=NO_GROUPS_WARNING)
+        warnings.filterwarnings("ignore", category=NoAttentionPairsWarning)
         for metric in ("inv", "mix"):
             vals[f"geodesic-{metric}"] = geodesic_sharpness(model, [batch], rho, metric=metric, symmetry_map=smap,
                                                             symmetries=symmetries, **kw).mean
@@ -96,8 +94,7 @@ def orbit_invariance(model64, smap, batch, rho, scales, iters=5, seed=0, symmetr
     base = orbit_quantities(model64, smap, batch, rho, iters, seed, symmetries)
     moving = smap
     if symmetries:
-        covered = {n: b.key for b in symmetries for n in b.param_names}
-        moving = SymmetryMap(yield_to(smap, covered)[0], smap.param_shapes, smap.refused)
+        moving = SymmetryMap(Quotient.assemble(params, smap, "mix", symmetries).pairs, smap.param_shapes, smap.refused)
     gen = torch.Generator().manual_seed(seed)
     rows, worst = [], {c: 0.0 for c in QUANTITIES}
     for k, a in enumerate(scales):

@@ -17,7 +17,7 @@ from codegen import runtime as rt
 from codegen.builtins import BUILTIN_GEOMETRIES
 from codegen.generate import GENERATED_DIR
 from codegen.printer import BatchedTorchPrinter
-from geosharp_ref.verification.sampling import sample_point, sample_tangent
+from geosharp_ref.sampling import sample_point, sample_tangent
 
 MATRIX_MODULES = [n for n in BUILTIN_GEOMETRIES
                   if hasattr(importlib.import_module(f"codegen.generated.{n}"), "prepare")]

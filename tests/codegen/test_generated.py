@@ -19,7 +19,7 @@ from geosharp_ref.verification.kernel_checks import (
     second_order_vjp_error,
 )
 from geosharp_ref.verification.reference import geodesic_acceleration as koszul
-from geosharp_ref.verification.sampling import sample_point, sample_tangent
+from geosharp_ref.sampling import sample_point, sample_tangent
 
 MODULES = list(BUILTIN_GEOMETRIES)
 GL = ["gl_inv", "gl_mix"]

@@ -3,7 +3,7 @@ two spinning OpenMP threads per process made them up to 6-27x slower. One thread
 restored afterwards.
 
 Saved artefacts several test packages read (io, studies.population): a model-soups CLIP checkpoint and a
-Hugging Face BERT classifier in both weight formats (the models come from tests/cases.py)."""
+Hugging Face BERT classifier in both weight formats (the models come from tests/cases/models.py)."""
 import pytest
 import torch
 
@@ -20,14 +20,14 @@ def _one_thread():
 
 @pytest.fixture(scope="session")
 def soup(tmp_path_factory):
-    """A model-soups checkpoint of tests/cases.py's CLIP_SOUP_SMALL (seed 1): (path, state dict)."""
+    """A model-soups checkpoint of tests.cases' CLIP_SOUP_SMALL (seed 1): (path, state dict)."""
     path = tmp_path_factory.mktemp("soup") / "model_0.pt"
     return path, cases.save_clip_soup(path, seed=1)
 
 
 @pytest.fixture(scope="session")
 def berts(tmp_path_factory):
-    """tests/cases.py's BERT classifier saved as safetensors (st/) and as a legacy .bin (bin/): (model, root)."""
+    """The BERT classifier of tests/cases/models.py saved as safetensors (st/) and as a legacy .bin (bin/): (model, root)."""
     root = tmp_path_factory.mktemp("bert")
     m = cases.bert_classifier()
     m.save_pretrained(root / "st")

@@ -2,10 +2,11 @@
 import math
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from geosharp_ref.apgd import apgd, apgd_checkpoints, lincomb, radial_clip
+from geosharp_ref.apgd import EuclideanSpace, Space, apgd, apgd_checkpoints, lincomb, radial_clip
 from tests.cases import trust_region_max
 
 
@@ -19,27 +20,37 @@ def test_checkpoints_follow_croce_hein_schedule():
     assert apgd_checkpoints(20)[:3] == [5, 9, 12]
 
 
-class EuclideanBall:
-    """Plain Euclidean space: the simplest space object APGD accepts."""
+class EuclideanBall(EuclideanSpace):
+    """Plain Euclidean space (the reference :class:`~geosharp_ref.apgd.EuclideanSpace`): the simplest space
+    object APGD accepts."""
 
-    def __init__(self, dim):
-        self.dim = dim
 
-    def zeros(self):
-        return [torch.zeros(self.dim, dtype=torch.float64)]
-
-    def random(self, rho, generator=None):
-        return [torch.randn(self.dim, generator=generator, dtype=torch.float64)]
-
-    def inner(self, a, b):
-        return sum((x * y).sum() for x, y in zip(a, b))
-
-    def ascent_direction(self, x, g):
-        return g
-
-    def project(self, xi, rho):
-        n = float(self.inner(xi, xi)) ** 0.5
-        return xi if n <= rho else [x * (rho / n) for x in xi]
+def _textbook_apgd(f_and_grad, space, rho, n_iter, momentum=0.75):
+    """Auto-PGD written out with z = P(x + η d/‖d‖) and x_new = P(x + a(z − x) + (1 − a)(x − x_prev))."""
+    x = space.project(space.zeros(), rho)
+    f, g = f_and_grad(x)
+    best, x_best, g_best, x_prev, eta = f, x, g, x, 2.0 * rho
+    checkpoints, last, halved, f_last, inc = set(apgd_checkpoints(n_iter)), 0, False, f, 0
+    values = [f]
+    for k in range(n_iter):
+        a = 1.0 if k == 0 else momentum
+        d = g
+        dn = float(space.inner(d, d)) ** 0.5
+        z = space.project([xi + (eta / dn if dn > 0 else 0.0) * di for xi, di in zip(x, d)], rho)
+        x_new = space.project([a * zi + (2 - 2 * a) * xi + (a - 1) * pi for zi, xi, pi in zip(z, x, x_prev)], rho)
+        f_new, g_new = f_and_grad(x_new)
+        values.append(f_new)
+        inc += f_new > f
+        x_prev, x, f, g = x, x_new, f_new, g_new
+        if f_new > best:
+            best, x_best, g_best = f_new, x_new, g_new
+        if k + 1 in checkpoints and k + 1 < n_iter:
+            halved = inc < 0.75 * (k + 1 - last) or ((not halved) and best <= f_last)
+            if halved:
+                eta /= 2.0
+                x, f, g = x_best, best, g_best
+            f_last, last, inc = best, k + 1, 0
+    return values
 
 
 @settings(max_examples=10)
@@ -121,3 +132,39 @@ def test_lincomb_equals_the_sum_and_leaves_its_terms_alone(seed, k, tensor_coefs
     for v, b in zip(vecs, before):
         for x, y in zip(v, b):
             assert torch.equal(x, y)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000), dim=st.integers(2, 8), log_rho=st.floats(-2, 0.5))
+def test_one_combination_update_equals_the_textbook_two_projection_update(seed, dim, log_rho):
+    """‖x + t d‖² = ‖x‖² + 2t g(x, d) + t² g(d, d): the single-combination step (z never formed) visits the
+    iterates of the update written out with both projections, on a non-convex objective."""
+    rng = np.random.default_rng(seed)
+    B = torch.tensor(rng.standard_normal((dim, dim)))
+    M, g0 = B + B.T, torch.tensor(rng.standard_normal(dim))
+    rho = 10 ** log_rho
+
+    def f_and_grad(x):
+        v = x[0]
+        return float(0.5 * v @ M @ v + g0 @ v + (v ** 3).sum()), [M @ v + g0 + 3 * v ** 2]
+
+    res = apgd(f_and_grad, EuclideanBall(dim), rho, n_iter=15)
+    ref = _textbook_apgd(f_and_grad, EuclideanBall(dim), rho, 15)
+    np.testing.assert_allclose(res.values, ref, rtol=1e-9, atol=1e-12)
+
+
+def test_the_written_protocol_lists_what_apgd_uses():
+    """Auto-PGD calls exactly the methods of :class:`~geosharp_ref.apgd.Space`: a space with only those
+    runs it (and a start vector may be given)."""
+    names = {"zeros", "random", "inner", "project", "ascent_step", "lincomb", "scale"}
+    assert names <= set(dir(Space))
+
+    class Minimal:
+        pass
+    base = EuclideanBall(3)
+    m = Minimal()
+    for n in names:
+        setattr(m, n, getattr(base, n))
+    res = apgd(lambda x: (float(x[0].sum()), [torch.ones(3, dtype=torch.float64)]), m, 1.0, n_iter=5,
+               start=[torch.tensor([0.1, 0.0, 0.0], dtype=torch.float64)])
+    assert res.best_value == pytest.approx(3 ** 0.5, rel=1e-4)

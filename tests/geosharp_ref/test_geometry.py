@@ -2,7 +2,8 @@
 
 Property tests (hypothesis) over batch shapes (layers × heads, including no batch dims), block sizes
 n, m ≥ h, seeds and group elements A = a·Q·D (a log-uniform in [1e-2, 1e2], Q orthogonal,
-D = diag U[0.5, 2]), on well-conditioned points (G, H) (singular values in [0.5, 2]), in float64.
+D = diag U[0.5, 2]), on well-conditioned points (G, H) (singular values in [0.5, 2]), in float64; all
+drawn with geosharp_ref.sampling (:func:`orbit_element`, :func:`well_conditioned`).
 
 Under ψ(A, θ) = (G A, H A⁻ᵀ) tangent vectors transform as (ξ_G A, ξ_H A⁻ᵀ) and Euclidean gradients
 as (∇_G A⁻ᵀ, ∇_H A). Checked for both metrics: the metric is invariant; the horizontal projection,
@@ -19,6 +20,7 @@ import torch
 from hypothesis import given, strategies as st
 
 from geosharp_ref.geometry import METRICS, AdaptiveGeometry, GLPairGeometry, gl_pair
+from geosharp_ref.sampling import orbit_element, well_conditioned
 
 DT = torch.float64
 # Relative tolerance for identities evaluated in float64 on points whose Gram matrices have condition
@@ -36,20 +38,18 @@ metrics = pytest.mark.parametrize("metric", METRICS)
 # ---------------------------------------------------------------------------------------------
 
 def _orthogonal(gen, batch, k):
-    Q, R = torch.linalg.qr(torch.randn(*batch, k, k, generator=gen, dtype=DT))
-    return Q * torch.sign(torch.diagonal(R, dim1=-2, dim2=-1)).unsqueeze(-2)
+    """(…, k, k) orthogonal: :func:`well_conditioned` with every singular value 1."""
+    return well_conditioned((*batch, k, k), gen, DT, cond=1.0)
 
 
 def _point(gen, batch, rows, h):
-    """(…, rows, h) with orthonormal-columns × diag U[0.5, 2] × orthogonal: singular values in [0.5, 2]."""
-    U, _ = torch.linalg.qr(torch.randn(*batch, rows, h, generator=gen, dtype=DT))
-    s = torch.rand(*batch, h, generator=gen, dtype=DT) * 1.5 + 0.5
-    return (U * s.unsqueeze(-2)) @ _orthogonal(gen, batch, h)
+    """(…, rows, h) with singular values in [0.5, 2]: 0.5 · :func:`well_conditioned` (singular values in [1, 4])."""
+    return 0.5 * well_conditioned((*batch, rows, h), gen, DT)
 
 
 def _group_element(gen, batch, h, log10_a):
-    D = torch.rand(*batch, h, generator=gen, dtype=DT) * 1.5 + 0.5
-    return 10.0 ** log10_a * _orthogonal(gen, batch, h) * D.unsqueeze(-2)
+    """A = a·Q·diag(u), u ∈ [0.5, 2], per batch entry: :func:`orbit_element` with the batch flattened."""
+    return orbit_element(math.prod(batch), h, 10.0 ** log10_a, gen, DT).reshape(*batch, h, h)
 
 
 def _tangent(gen, G, H):

@@ -8,7 +8,7 @@ import torch
 
 import codegen.generated.gl_mix
 from geosharp_ref.kernels import BUILTIN_MODULES, load_kernels
-from geosharp_ref.verification.sampling import sample_point, sample_tangent
+from geosharp_ref.sampling import sample_point, sample_tangent
 from tests.cases import ROOT
 
 

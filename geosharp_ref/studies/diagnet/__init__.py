@@ -39,12 +39,14 @@ Closed forms (used for the population)
 
 Auto-PGD evaluator (used for verification)
 ------------------------------------------
-:class:`DiagNetSpace` implements the space interface of :func:`geosharp_ref.apgd.apgd` with the
-generated kernels only (inner, horizontal_projection, riemannian_gradient, geodesic_acceleration):
+:class:`DiagNetSpace` is the project's :class:`~geosharp_ref.sharpness.ProductSpace` with one generated
+``diag_inv`` / ``diag_mix`` factor over the blocks (u, v) (inner, horizontal_projection, riemannian_gradient,
+second_order_geodesic and its VJP):
 the perturbation is θ + ξ + ½ γ̈(0) (second-order geodesic, as the transformer evaluator;
 ``geodesic="second_order"``), θ + ξ (``"first_order"``, ablation) or the closed-form geodesic
-(``"exact"``; mix continued linearly through β = 0 as above). Adaptive Auto-PGD uses the project's
-:class:`geosharp_ref.sharpness.PerturbationSpace` unchanged. Agreement with the closed forms is
+(``"exact"``, a study-level option: the space's first-order map θ + ξ, the loss taken at the
+closed-form β(1); mix continued linearly through β = 0 as above). Adaptive Auto-PGD uses the
+ProductSpace without factors. Agreement with the closed forms is
 checked in the tests and reported by :func:`run_experiment`.
 
 Note on the second-order geodesic under mix: with ξ = (u b, v b), θ + ξ + ½γ̈(0) gives

@@ -1,25 +1,44 @@
 """Auto-PGD on diagonal nets through the generated kernels (verification of the closed forms).
+
+The space is the project's :class:`~geosharp_ref.sharpness.ProductSpace` with one generated factor
+(``diag_inv`` / ``diag_mix``) over the blocks (u, v); adaptive sharpness is the ProductSpace without factors.
 """
 from __future__ import annotations
 
-
 import torch
 
-from ...apgd import apgd, value_and_grad
-from ...sharpness.space import PerturbationSpace
+from ...apgd import apgd
+from ...sharpness.factors import Factor
+from ...sharpness.space import ProductSpace
 from .closed_forms import KERNELS, geodesic_beta
 from .data import DTYPE, mse
 
 __all__ = ["DiagNetSpace", "apgd_sharpness"]
 
 
-# ================================================================================================
-# Auto-PGD on diagonal nets through the generated kernels
-# ================================================================================================
+class _UV:
+    """The binding of a diagonal net's two parameter vectors (u, v) as one factor's blocks."""
 
-class DiagNetSpace:
-    """Horizontal tangent space at (u, v) with the generated ``diag_inv`` / ``diag_mix`` geometry,
-    in the interface of :func:`geosharp_ref.apgd.apgd`. Tangent vectors are lists [ξ_u, ξ_v]."""
+    key = "diag:uv"
+    param_names = ("u", "v")
+
+    @staticmethod
+    def extract(params):
+        return params["u"], params["v"]
+
+    @staticmethod
+    def insert(params, blocks):
+        out = dict(params)
+        out["u"], out["v"] = blocks
+        return out
+
+
+class DiagNetSpace(ProductSpace):
+    """The horizontal tangent space at (u, v) with the generated ``diag_inv`` / ``diag_mix`` geometry: a
+    :class:`~geosharp_ref.sharpness.ProductSpace` with one factor over (u, v). Tangent vectors are lists
+    [ξ_u, ξ_v]. ``geodesic``: ``"second_order"`` (θ + ξ + ½γ̈(0)), ``"first_order"`` (θ + ξ) or ``"exact"``
+    (the closed-form geodesic, a study-level option: the space's map is θ + ξ and :meth:`perturbed_beta`
+    gives β(1) in closed form)."""
 
     GEODESICS = ("second_order", "first_order", "exact")
 
@@ -32,62 +51,31 @@ class DiagNetSpace:
         v = torch.as_tensor(v, dtype=DTYPE)
         if bool((u == 0).any()) or bool((v == 0).any()):
             raise ValueError("u and v must have no zero entries (the quotient geometry needs u, v ≠ 0)")
+        super().__init__({"u": u, "v": v}, [Factor(KERNELS[metric], _UV())],
+                         geodesic_correction=geodesic == "second_order")
         self.u, self.v, self.metric, self.geodesic = u, v, metric, geodesic
-        self.k = KERNELS[metric]
-
-    def zeros(self):
-        return [torch.zeros_like(self.u), torch.zeros_like(self.v)]
 
     def random(self, rho, generator=None):
+        """(u ⊙ a, v ⊙ a) with a Gaussian, at radius ρ·U (U uniform on [0, 1]; Auto-PGD projects it)."""
         a = torch.randn(self.u.shape, generator=generator, dtype=DTYPE)
         xi = [self.u * a, self.v * a]
         n = self.norm(xi)
         r = rho * float(torch.rand((), generator=generator))
         return xi if n == 0 else [x * (r / n) for x in xi]
 
-    def inner(self, xi, eta):
-        return self.k.inner(self.u, self.v, xi[0], xi[1], eta[0], eta[1]).sum()
-
-    def norm(self, xi):
-        return float(self.inner(xi, xi)) ** 0.5
-
-    def project_horizontal(self, xi):
-        return list(self.k.horizontal_projection(self.u, self.v, xi[0], xi[1]))
-
-    def project(self, xi, rho):
-        xi = self.project_horizontal(xi)
-        n = self.norm(xi)
-        return xi if n <= rho else [x * (rho / n) for x in xi]
-
-    def ascent_direction(self, xi, egrad):
-        return self.project_horizontal(list(self.k.riemannian_gradient(self.u, self.v, egrad[0], egrad[1])))
-
-    def perturbed(self, xi):
-        """(u', v') = θ + ξ + ½γ̈(0) (second order) or θ + ξ (first order)."""
-        if self.geodesic == "first_order":
-            return self.u + xi[0], self.v + xi[1]
-        au, av = self.k.geodesic_acceleration(self.u, self.v, xi[0], xi[1])
-        return self.u + xi[0] + 0.5 * au, self.v + xi[1] + 0.5 * av
+    def beta_of_params(self, params):
+        """β at the perturbed parameters (for ``"exact"``: the closed-form β(1) of ξ = params − θ)."""
+        if self.geodesic == "exact":
+            b = 0.5 * ((params["u"] - self.u) / self.u + (params["v"] - self.v) / self.v)
+            return geodesic_beta(self.u * self.v, b, self.metric)
+        return params["u"] * params["v"]
 
     def perturbed_beta(self, xi):
         if self.geodesic == "exact":
             b = 0.5 * (xi[0] / self.u + xi[1] / self.v)        # ξ horizontal: ξ_u/u = ξ_v/v = b
             return geodesic_beta(self.u * self.v, b, self.metric)
-        up, vp = self.perturbed(xi)
-        return up * vp
-
-
-class _StartAt:
-    """Wraps a space so that Auto-PGD's "random" start is a given tangent vector."""
-
-    def __init__(self, space, xi):
-        self._space, self._xi = space, xi
-
-    def random(self, rho, generator=None):
-        return [x.clone() for x in self._xi]
-
-    def __getattr__(self, name):
-        return getattr(self._space, name)
+        p = self.perturbed_params(xi)
+        return p["u"] * p["v"]
 
 
 def apgd_sharpness(u, v, X, y, rho: float, measure: str = "mix", geodesic: str = "second_order",
@@ -95,7 +83,7 @@ def apgd_sharpness(u, v, X, y, rho: float, measure: str = "mix", geodesic: str =
     """Auto-PGD sharpness of one diagonal net: ``measure`` ∈ {"adaptive", "inv", "mix"}.
 
     Geodesic measures use :class:`DiagNetSpace` (generated kernels); adaptive uses the project's
-    :class:`~geosharp_ref.sharpness.PerturbationSpace` on {u, v} (ξ = |θ| ⊙ δ, θ + ξ).
+    :class:`~geosharp_ref.sharpness.ProductSpace` on {u, v} without factors (ξ = |θ| ⊙ δ, θ + ξ).
     ``starts``: sequence of "zero" | "random" | "antipodal" (−best ξ so far: the maximisers of these
     near-quadratic problems come in ± pairs, see module doc), one Auto-PGD run each, best kept;
     default ``("random",)`` if ``random_start`` else ``("zero",)``.
@@ -103,18 +91,17 @@ def apgd_sharpness(u, v, X, y, rho: float, measure: str = "mix", geodesic: str =
     u = torch.as_tensor(u, dtype=DTYPE).reshape(-1)
     v = torch.as_tensor(v, dtype=DTYPE).reshape(-1)
     if measure == "adaptive":
-        space = PerturbationSpace({"u": u, "v": v})
+        space = ProductSpace({"u": u, "v": v})
 
-        def beta_of(xi):
-            p = space.perturbed_params(xi)
-            return p["u"] * p["v"]
+        def beta_of(params):
+            return params["u"] * params["v"]
     elif measure in KERNELS:
         space = DiagNetSpace(u, v, measure, geodesic)
-        beta_of = space.perturbed_beta
+        beta_of = space.beta_of_params
     else:
         raise ValueError(f"unknown measure {measure!r}; choose 'adaptive', 'inv' or 'mix'")
 
-    f_and_grad = value_and_grad(lambda xi: mse(beta_of(xi), X, y))
+    f_and_grad = space.value_and_grad(lambda params: mse(beta_of(params), X, y))
 
     l0 = float(mse(u * v, X, y))
     gen = torch.Generator().manual_seed(int(seed))
@@ -127,7 +114,7 @@ def apgd_sharpness(u, v, X, y, rho: float, measure: str = "mix", geodesic: str =
             res = apgd(f_and_grad, space, rho, n_iter=n_iter, random_start=True, generator=gen)
         elif kind == "antipodal":
             x0 = [-x for x in (best.best_xi if best is not None else space.zeros())]
-            res = apgd(f_and_grad, _StartAt(space, x0), rho, n_iter=n_iter, random_start=True, generator=gen)
+            res = apgd(f_and_grad, space, rho, n_iter=n_iter, generator=gen, start=x0)
         else:
             raise ValueError(f"unknown start {kind!r}; choose 'zero', 'random' or 'antipodal'")
         if best is None or res.best_value > best.best_value:

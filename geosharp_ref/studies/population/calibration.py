@@ -33,7 +33,7 @@ import torch
 
 from ...io.durable import write_json_atomic
 from ...sharpness.measures import MEASURES as NAMED_MEASURES
-from ...sharpness.measures import get_measure, rho_for_size
+from ...sharpness import get_measure, rho_for_size
 from ...symmetry import symmetry_map as build_symmetry_map
 from .evaluation import MEASURES, load_population_model, rho_key, sharpness_batches
 from .manifest import read_manifest

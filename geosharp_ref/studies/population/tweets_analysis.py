@@ -21,13 +21,16 @@ every corner must reach train error ≤ :data:`PILOT_MAX_TRAIN_ERROR`. It never 
 """
 from __future__ import annotations
 
+import csv
 import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from ...io.durable import write_json_atomic
 from .reanalysis import (PAPER_MNLI_TAU, attenuated_tau, contrast_power, kendall_null_sd, kendall_power,
-                         min_detectable_tau, reanalyse)
+                         min_detectable_tau, reanalyse, signed_tau_difference)
 from .tweets import N_MODELS, PILOT_CORNERS
 
 __all__ = ["power_statement", "judge_pilot", "analyse", "holm", "ablation_contrasts", "PILOT_MAX_TRAIN_ERROR", "MIN_RELIABILITY"]
@@ -108,12 +111,7 @@ def ablation_contrasts(out, n_boot: int = 1000, seed: int = 0) -> dict:
     out = Path(out)
     if not (out / "correlation-ablations_tau.csv").is_file():
         return {}
-    import csv
-
-    import numpy as np
     from scipy.stats import kendalltau
-
-    from .reanalysis import signed_tau_difference
 
     def read(name):
         with open(out / name, newline="") as f:

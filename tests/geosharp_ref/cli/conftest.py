@@ -1,4 +1,4 @@
-"""Tiny saved BERT / ViT models (tests/cases.py) and data files for the `evaluate` and `verify` commands."""
+"""Tiny saved BERT / ViT models (tests/cases) and data files for the `evaluate` and `verify` commands."""
 import pytest
 import torch
 

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from geosharp_ref.cli import main
-from geosharp_ref.sharpness.measures import rho_for_size
+from geosharp_ref.sharpness import rho_for_size
 
 
 @given(c=st.floats(1e-4, 1e2), k=st.floats(0.5, 3.0), target=st.floats(1e-6, 1.0))

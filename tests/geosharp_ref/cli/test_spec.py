@@ -15,12 +15,10 @@ from hypothesis import strategies as st
 from geosharp_ref.cli import main
 from geosharp_ref.io.models import load_model
 from geosharp_ref.kernels import load_kernels
-from geosharp_ref.sharpness import adaptive_sharpness, geodesic_sharpness
-from geosharp_ref.sharpness.measures import yield_to
-from geosharp_ref.symmetry import SymmetryMap, symmetry_map
+from geosharp_ref.sharpness import geodesic_sharpness
+from geosharp_ref.symmetry import Quotient, symmetry_map
 from geosharp_ref.symmetry.declared import declared_bindings
-from geosharp_ref.verification.orbits import model_with_params
-from geosharp_ref.verification.sampling import draw_orbit_elements
+from geosharp_ref.testing import assert_changes, assert_orbit_invariant, kept_pairs, orbit_points
 from tests import cases
 from tests.cases import ROOT
 
@@ -164,30 +162,26 @@ def test_bad_metric_options(lora_dir, capsys, argv, message):
 
 
 @settings(deadline=None, max_examples=4)
-@given(scale=st.floats(1e-2, 1e2), seed=st.integers(0, 1000))
-def test_sharpness_with_the_declared_lora_geometry_is_invariant(lora_dir, scale, seed):
+@given(data=st.data())
+def test_sharpness_with_the_declared_lora_geometry_is_invariant(lora_dir, data):
     """The user spec on the tiny peft model: LoRA GL(r) (hybrid metric, 4 adapters) and the V/O pairs quotiented;
-    moving along both orbits at a random scale leaves geodesic sharpness unchanged, adaptive sharpness not."""
+    moving along both orbits (geosharp_ref.testing.orbit_points: one scale a log-uniform in [1e-2, 1e2]) leaves
+    the output and geodesic sharpness unchanged (assert_orbit_invariant), adaptive sharpness not (assert_changes)."""
     model = load_model(lora_dir / "adapter").to(torch.float64)
     K = load_kernels(lora_dir / "kernels" / "lora_hybrid.py")
     lora = declared_bindings(model, K, K.BINDINGS)
     smap = symmetry_map(model)
-    kept, _, yielded = yield_to(smap, {n: b.key for b in lora for n in b.param_names})
-    assert len(kept) == 2 and len(yielded) == 2
-    moving = SymmetryMap(kept, smap.param_shapes, smap.refused)
+    q = Quotient.assemble(smap.param_shapes, smap, "mix", lora)
+    assert len(q.pairs) == 2 and len(q.yielded) == 2
+    moving = [kept_pairs(model, lora), *lora]  # the two pairs kept, then the four adapters
+    assert [g.key for g in moving[0].groups] == [g.key for g in q.pairs]
     params = {n: p.detach() for n, p in model.named_parameters()}
-    moved = moving.act(params, draw_orbit_elements(moving, scale, torch.Generator().manual_seed(seed)))
-    for i, b in enumerate(lora):
-        moved = b.act(moved, b.random_element(moved, scale=scale, seed=seed + i))
-    m2 = model_with_params(model, moved)
+    point = data.draw(orbit_points(moving, params), label="orbit point")
     d = torch.load(lora_dir / "data.pt", weights_only=True)
     batch = ({"input_ids": d["inputs"]["input_ids"][:4]}, d["targets"][:4])
-    kw = dict(n_iter=4, dtype=torch.float64)
-    s0, s1 = (geodesic_sharpness(m, [batch], 0.05, symmetries=declared_bindings(m, K, K.BINDINGS), **kw).mean
-              for m in (model, m2))
-    assert s0 > 0 and s1 == pytest.approx(s0, rel=1e-8)
-    a0, a1 = (adaptive_sharpness(m, [batch], 0.05, **kw).mean for m in (model, m2))
-    assert abs(a1 - a0) > 1e-3 * a0
+    kw = dict(rho=0.05, n_iter=4)
+    assert assert_orbit_invariant(model, batch, moving, point, measure="geodesic-mix", rtol=1e-8, **kw)["value"] > 0
+    assert_changes(model, batch, moving, point, measure="adaptive", min_rtol=1e-3, **kw)
 
 
 def test_an_adapter_whose_base_is_not_local_is_refused(lora_dir, tmp_path, capsys):

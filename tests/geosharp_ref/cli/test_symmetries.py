@@ -9,8 +9,8 @@ from geosharp_ref.symmetry import symmetry_map
 from tests import cases
 
 
-def test_symmetries_lists_bound_and_refused_pairs(tmp_path, capsys):
-    model = cases.llama()  # rotary embeddings: Q/K refused, V/O bound
+def test_symmetries_lists_bound_pairs_and_gated_units(tmp_path, capsys):
+    model = cases.llama()  # rotary embeddings: Q/K bound under the RoPE subgroup, V/O under GL(h)
     model.save_pretrained(tmp_path / "llama")
     out = tmp_path / "s.json"
     capsys.readouterr()
@@ -19,13 +19,13 @@ def test_symmetries_lists_bound_and_refused_pairs(tmp_path, capsys):
     smap = symmetry_map(model)
     doc = json.loads(out.read_text())
     assert [g["key"] for g in doc["groups"]] == [g.key for g in smap.groups]
-    assert {g["kind"] for g in doc["groups"]} == {"vo"}
-    assert [r["key"] for r in doc["refused"]] == [k for k, _ in smap.refused] and doc["refused"]
-    assert all("rotary" in r["reason"] for r in doc["refused"])
-    assert f"bound: {len(smap.groups)} GL(h) attention groups" in text and "refused" in text
+    assert sorted(g["kind"] for g in doc["groups"]) == ["qk", "qk", "vo", "vo"]
+    assert doc["refused"] == [] and smap.refused == []
+    assert f"bound: {len(smap.groups)} GL(h) attention groups" in text
     assert "bound   lm_head.weight:translation" in text  # the softmax over the vocabulary, per token
-    assert "ReLU units: 0 bound, 1 refused" in text  # Llama's gated SiLU MLP is no recognised ReLU layout
-    assert {e["kind"] for e in doc["further"]} == {"ReLU units", "softmax translation", "norm scaling"}
+    assert "gated-MLP units: 2 bound, 0 refused" in text  # SwiGLU: up rows × a, down columns ÷ a
+    assert "ReLU units" not in text  # the MLPs are gated: no "no MLP of a recognised layout" line
+    assert {e["kind"] for e in doc["further"]} == {"gated-MLP units", "softmax translation", "norm scaling"}
 
 
 def test_symmetries_of_a_relu_bert_binds_units_head_and_embedding_scaling(tmp_path, capsys):

@@ -21,7 +21,7 @@ from geosharp_ref.io.clip_soups import (CLIP_TEXT_KEYS, CLIPSoupClassifier, CLIP
                                         clip_soup_config_from_state_dict, load_clip_soup, save_clip_soup_like)
 from geosharp_ref.sharpness import geodesic_sharpness
 from geosharp_ref.symmetry import symmetry_map
-from geosharp_ref.verification.sampling import draw_orbit_elements
+from geosharp_ref.sampling import draw_orbit_elements
 from tests.cases import CLIP_SOUP_SMALL as SMALL, clip_images as _images
 
 transformers = pytest.importorskip("transformers")

@@ -1,5 +1,5 @@
 """Data files and batches (geosharp_ref.io.data): the file format and its errors, batches in order,
-slicing of tensors and dicts, random batches that fit tiny models of tests/cases.py."""
+slicing of tensors and dicts, random batches that fit tiny models of tests/cases."""
 import pytest
 import torch
 

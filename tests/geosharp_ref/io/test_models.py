@@ -1,4 +1,4 @@
-"""Hugging Face directories (geosharp_ref.io.models): a BERT classifier (MNLI-like, 3 labels; tests/cases.py)
+"""Hugging Face directories (geosharp_ref.io.models): a BERT classifier (MNLI-like, 3 labels; tests/cases)
 saved as safetensors and as a legacy pytorch_model.bin loads to identical logits; a checkpoint without
 its classifier weights is refused; the loader follows config.architectures; bad directories are refused."""
 from __future__ import annotations

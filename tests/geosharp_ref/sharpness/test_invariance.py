@@ -1,13 +1,14 @@
 """Rung 5 of the verification ladder (docs/MATH.md): invariance along GL(h) orbits of whole models.
 
-Tiny float64 transformers, the sharpness cases of tests/cases.py (eager attention, large
+Tiny float64 transformers, the sharpness cases of tests/cases/tables.py (eager attention, large
 initializer_range ≈ 0.5 so that attention is far from uniform and the Q/K pairs matter): BERT (sequence
 classification), ViT (image classification), CLIP (CLIPModel, cross-entropy on logits_per_image), GPT-2
 (next-token LM loss), an ``nn.TransformerEncoder`` (``nn.MultiheadAttention``) with a linear head, and the
 model-soups CLIP classifier (geosharp_ref.io.clip_soups).
 
-For random per-head A = a·Ã (a log-uniform in [1e-2, 1e2], Ã = orthogonal × diag U[0.5, 2]) applied
-with :meth:`SymmetryMap.act` to a copy of the parameters, loaded into a deep copy of the model:
+For random per-head A = a·Ã (a log-uniform in [1e-2, 1e2], Ã = orthogonal × diag U[0.5, 2]:
+tests.cases.random_gl) applied with :meth:`SymmetryMap.act` to a copy of the parameters, loaded into a deep
+copy of the model:
 
 (a) the model's output is unchanged (≤ 1e-8 relative);
 (b) geodesic sharpness (inv and mix) is unchanged (≤ 1e-6 relative), also with a random start;
@@ -26,8 +27,9 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from geosharp_ref.sharpness import PerturbationSpace, adaptive_sharpness, geodesic_sharpness, model_loss
-from geosharp_ref.sharpness.measures import gradient_dual_norm
+from geosharp_ref.sharpness import adaptive_sharpness, build_space, geodesic_sharpness, model_loss
+from geosharp_ref.sampling import well_conditioned
+from geosharp_ref.sharpness.pipeline import gradient_dual_norm
 from tests import cases
 
 transformers = pytest.importorskip("transformers")
@@ -48,7 +50,7 @@ N_ITER = 5
 # but let the "dev" profile (60 examples) scale it up.
 EXAMPLES = max(2, settings.default.max_examples // 5)  # ci: 3, dev: 12
 
-MODELS = cases.SHARPNESS_NAMES  # bert, vit, clip, gpt2, mha, clip-soup (tests/cases.py)
+MODELS = cases.SHARPNESS_NAMES  # bert, vit, clip, gpt2, mha, clip-soup (tests/cases/tables.py)
 EXPECTED_GROUPS = {c.name: sum(c.groups) for c in cases.SHARPNESS_CASES}
 build = cases.sharpness_case  # name -> model, make_batch(gen) -> (inputs, targets), loss_fn, output(o), smap
 
@@ -68,30 +70,22 @@ def _assert_same_state(model, before):
         assert torch.equal(after[k], v), f"{k} was modified"
 
 
-def _orthogonal(gen, batch, h):
-    Q, R = torch.linalg.qr(torch.randn(batch, h, h, generator=gen, dtype=DT))
-    return Q * torch.sign(torch.diagonal(R, dim1=-2, dim2=-1)).unsqueeze(-2)
-
-
-def _random_A(smap, gen, log10_a, kind="generic"):
-    """Per group and head A = a·Ã. ``kind``: "generic" Ã = Q·D (Q orthogonal, D = diag U[0.5, 2]),
-    "diagonal" Ã = D·(random signs), "orthogonal" Ã = Q, "shear" Ã = diag(10^U[-1, 1])·Q (scaling
-    before mixing, see the adaptive-sharpness tests). a = 10**log10_a with a per-group jitter
-    ×10^U[-0.2, 0.2] (clipped to [1e-2, 1e2]) so that groups differ."""
+# Generic A = a·Q·diag(u) comes from tests.cases.random_gl; kept here: the monomial and scale-then-mix families
+# of the adaptive-sharpness tests, which geosharp_ref.sampling does not draw.
+def _special_A(smap, gen, log10_a, kind):
+    """Per group and head A = a·Ã. ``kind``: "diagonal" Ã = D·(random signs), D = diag U[0.5, 2]; "shear"
+    Ã = diag(10^U[-1, 1])·Q, Q orthogonal (scaling before mixing, see the adaptive-sharpness tests). a =
+    10**log10_a with a per-group jitter ×10^U[-0.2, 0.2] (clipped to [1e-2, 1e2]) so that groups differ."""
     As = {}
     for g in smap.groups:
         h, N = g.head_dim, g.num_heads
-        D = torch.rand(N, h, generator=gen, dtype=DT) * 1.5 + 0.5
-        if kind == "generic":
-            At = _orthogonal(gen, N, h) * D.unsqueeze(-2)
-        elif kind == "diagonal":
+        if kind == "diagonal":
+            D = torch.rand(N, h, generator=gen, dtype=DT) * 1.5 + 0.5
             signs = torch.randint(0, 2, (N, h), generator=gen).to(DT) * 2 - 1
             At = torch.diag_embed(D * signs)
-        elif kind == "orthogonal":
-            At = _orthogonal(gen, N, h)
         elif kind == "shear":  # scale the head coordinates, THEN mix them; cond(Ã) <= 100
             S = 10.0 ** (torch.rand(N, h, generator=gen, dtype=DT) * 2 - 1)
-            At = S.unsqueeze(-1) * _orthogonal(gen, N, h)
+            At = S.unsqueeze(-1) * well_conditioned((N, h, h), gen, DT, cond=1.0)  # cond 1: Q orthogonal
         else:
             raise KeyError(kind)
         jitter = float(torch.empty(()).uniform_(-0.2, 0.2, generator=gen))
@@ -118,11 +112,11 @@ def _rgrad_norm(model, smap, batch, loss_fn, metric):
     """‖grad L‖_g at θ (the library's dual norm of the gradient in the quotient geometry) and the Euclidean
     norm of the gradient w.r.t. the GL(h) pair blocks G, H (autograd through extract; not invariant)."""
     params = {k: v.detach() for k, v in model.named_parameters()}
-    space = PerturbationSpace(params, smap.groups, smap.adaptive_masks, metric=metric)
+    space = build_space(params, smap, metric)
     blocks = [X.requires_grad_() for g in smap.groups for X in g.extract(params)]
     new = dict(params)
     for i, g in enumerate(smap.groups):
-        new = g.insert(new, blocks[2 * i], blocks[2 * i + 1])
+        new = g.insert(new, (blocks[2 * i], blocks[2 * i + 1]))
     egrad = torch.autograd.grad(model_loss(model, new, batch, loss_fn), blocks)
     enorm = math.sqrt(sum(float((e**2).sum()) for e in egrad))
     return gradient_dual_norm(model, space, batch, loss_fn), enorm
@@ -175,7 +169,7 @@ def test_orbit_invariance(name, seed, log10_a):
     M = build(name)
     gen = torch.Generator().manual_seed(seed)
     batch = M.make_batch(gen)
-    As = _random_A(M.smap, gen, log10_a)
+    As = cases.random_gl(M.smap, gen, log10_a)
     m1, moved = _moved_model(M, As)
     state0, state1 = _state(M.model), _state(m1)
     # the parameters did move
@@ -226,7 +220,7 @@ def test_adaptive_sharpness_not_invariant(name, seed, log10_a):
     M = build(name)
     gen = torch.Generator().manual_seed(seed)
     batch = M.make_batch(gen)
-    m1, _ = _moved_model(M, _random_A(M.smap, gen, log10_a, "shear"))
+    m1, _ = _moved_model(M, _special_A(M.smap, gen, log10_a, "shear"))
     a0 = adaptive_sharpness(M.model, [batch], RHO, n_iter=N_ITER, loss_fn=M.loss_fn)
     a1 = adaptive_sharpness(m1, [batch], RHO, n_iter=N_ITER, loss_fn=M.loss_fn)
     assert _rel(a1.mean, a0.mean) > 1e-2, (name, a0.mean, a1.mean)
@@ -235,7 +229,7 @@ def test_adaptive_sharpness_not_invariant(name, seed, log10_a):
     g1 = geodesic_sharpness(m1, [batch], RHO, metric="mix", n_iter=N_ITER, loss_fn=M.loss_fn)
     assert _rel(g1.mean, g0.mean) <= SHARP_TOL, (name, g0.mean, g1.mean)
     # the diagonal subgroup (scale a, D, signs) leaves adaptive sharpness unchanged
-    m2, _ = _moved_model(M, _random_A(M.smap, gen, log10_a, "diagonal"))
+    m2, _ = _moved_model(M, _special_A(M.smap, gen, log10_a, "diagonal"))
     a2 = adaptive_sharpness(m2, [batch], RHO, n_iter=N_ITER, loss_fn=M.loss_fn)
     assert _rel(a2.mean, a0.mean) <= SHARP_TOL, (name, a0.mean, a2.mean)
 
@@ -248,7 +242,7 @@ def test_adaptive_scaling_alone_vs_shear(name):
     batch = M.make_batch(gen)
     a0 = adaptive_sharpness(M.model, [batch], RHO, n_iter=N_ITER, loss_fn=M.loss_fn).mean
     scale = {g.key: 10.0 * torch.eye(g.head_dim, dtype=DT).expand(g.num_heads, -1, -1) for g in M.smap.groups}
-    shear = {k: 10.0 / float(A.abs().max()) * A for k, A in _random_A(M.smap, gen, 0.0, "shear").items()}
+    shear = {k: 10.0 / float(A.abs().max()) * A for k, A in _special_A(M.smap, gen, 0.0, "shear").items()}
     a_scale = adaptive_sharpness(_moved_model(M, scale)[0], [batch], RHO, n_iter=N_ITER, loss_fn=M.loss_fn).mean
     a_shear = adaptive_sharpness(_moved_model(M, shear)[0], [batch], RHO, n_iter=N_ITER, loss_fn=M.loss_fn).mean
     assert _rel(a_scale, a0) <= SHARP_TOL
@@ -262,7 +256,7 @@ def test_random_start_invariant(name, seed, log10_a, metric):
     M = build(name)
     gen = torch.Generator().manual_seed(seed)
     batch = M.make_batch(gen)
-    m1, _ = _moved_model(M, _random_A(M.smap, gen, log10_a))
+    m1, _ = _moved_model(M, cases.random_gl(M.smap, gen, log10_a))
     kw = dict(metric=metric, n_iter=N_ITER, loss_fn=M.loss_fn, random_start=True, seed=seed % 1000)
     r0 = geodesic_sharpness(M.model, [batch], RHO, **kw)
     r1 = geodesic_sharpness(m1, [batch], RHO, **kw)

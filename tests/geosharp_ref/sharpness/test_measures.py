@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from geosharp_ref.sharpness import (ABLATION_MEASURES, HEADLINE_MEASURES, MEASURES, PerturbationSpace,
-                                    adaptive_sharpness, geodesic_sharpness, get_measure, model_loss)
+from geosharp_ref.sharpness import (ABLATION_MEASURES, HEADLINE_MEASURES, MEASURES, Cotangents, ProductSpace,
+                                    adaptive_sharpness, geodesic_sharpness, get_measure, gl_pair_factors, model_loss)
 from geosharp_ref.symmetry import symmetry_map
 from tests.cases import TinyAttention, trust_region_max
 
@@ -47,11 +47,11 @@ def test_small_rho_geodesic_sharpness_is_rho_times_riemannian_gradient_norm(metr
     batch = (torch.randn(4, 5, 8, dtype=torch.float64), torch.randint(0, 3, (4,)))
     smap = symmetry_map(model)
     params = {k: v.detach() for k, v in model.named_parameters()}
-    space = PerturbationSpace(params, smap.groups, smap.adaptive_masks, metric=metric)
+    space = ProductSpace(params, gl_pair_factors(smap.groups, metric), smap.adaptive_masks)
     xi = [x.requires_grad_(True) for x in space.zeros()]
     loss = model_loss(model, space.perturbed_params(xi), batch)
-    grad = torch.autograd.grad(loss, xi)
-    rg = space.ascent_direction(space.zeros(), list(grad))
+    grad = torch.autograd.grad(loss, xi)  # ∂F/∂ξ at ξ = 0, where ∂E/∂ξ = I: the cotangents themselves
+    rg = space.ascent_direction(space.zeros(), Cotangents(list(grad), space.zeros()))
     gnorm = space.norm(rg)
     rho = 1e-5
     res = geodesic_sharpness(model, [batch], rho, metric=metric, n_iter=10)
@@ -129,3 +129,23 @@ def test_measure_evaluate_equals_the_entry_point_with_its_flags(name):
     assert got.mean == ref.mean and got.per_batch == ref.per_batch and got.mean > 0
     assert got.config == ref.config
 
+
+
+def test_build_space_is_the_one_builder():
+    """build_space: adaptive without a map or metric; the attention pairs as one fast GL factor (or, with
+    fast=False, one generic factor per group); symmetries=[] records the pairs kept and none yielded; the
+    options reach the space."""
+    from geosharp_ref.sharpness import GLPairFactor, build_space
+    from geosharp_ref.sharpness.factors import Factor
+    torch.manual_seed(0)
+    model = TinyAttention().double()
+    smap = symmetry_map(model)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    assert build_space(params, None).factors == [] and build_space(params, smap).factors == []
+    fast = build_space(params, smap, "mix", metric_norm=False)
+    assert [type(f) for f in fast.factors] == [GLPairFactor] and not fast.options.metric_norm
+    assert fast.quotient.pairs == list(smap.groups) and fast.quotient.yielded == []
+    generic = build_space(params, smap, "inv", [], fast=False, gradient="perturbed")
+    assert [type(f) for f in generic.factors] == [Factor] * len(smap.groups)
+    assert generic.factor_keys == [g.key for g in smap.groups] and generic.options.gradient == "perturbed"
+    assert set(fast.adaptive_names) == set(generic.adaptive_names)

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 
 from geosharp_ref.kernels import load_kernels
 from geosharp_ref.symmetry import LoRABinding, lora_bindings, symmetry_map
-from geosharp_ref.symmetry.catalogue import check_symmetry
+from geosharp_ref.symmetry import check_symmetry
 from geosharp_ref.symmetry.declared import check_declarations, declared_bindings
+from geosharp_ref.testing import assert_binding_exact, group_elements
 from tests import cases
 
 GL_MIX = load_kernels("gl_mix")
@@ -60,21 +61,25 @@ def test_declared_lora_equals_the_built_in_lora_binding(lora_bert):
 
 
 @settings(deadline=None)
-@given(scale=st.floats(1e-2, 1e2), seed=st.integers(0, 2**16))
-def test_extract_insert_round_trip_and_act_matches_the_built_in_action(lora_bert, scale, seed):
-    model, _ = lora_bert
+@given(data=st.data())
+def test_extract_insert_round_trip_and_act_matches_the_built_in_action(lora_bert, data):
+    """Elements drawn by geosharp_ref.testing.group_elements (scale log-uniform in [1e-2, 1e2], a seed): the
+    declared action equals the built-in LoRABinding's, and leaves the output unchanged (assert_binding_exact)."""
+    model, batch = lora_bert
     params = cases.params_of(model)
     (b,) = declared_bindings(model, GL_MIX, [{"G": "{a}.query.lora_B.default.weight",
                                                "H": {"param": "{a}.query.lora_A.default.weight",
                                                      "transpose": True}}])[:1]
     back = b.insert(params, b.extract(params))
     assert all(torch.equal(back[n], params[n]) for n in params)
-    R = b.random_element(params, scale=scale, seed=seed)
+    element = data.draw(group_elements(b, params), label="element")
+    R = element.value
     assert R.shape == (1, 2, 2)
     ref = LoRABinding(b.entries["H"]["param"], b.entries["G"]["param"]).act(params, R[0])
     moved = b.act(params, R)
     for n in b.param_names:
-        assert torch.allclose(moved[n], ref[n], rtol=1e-12, atol=1e-14 * scale)
+        assert torch.allclose(moved[n], ref[n], rtol=1e-12, atol=1e-14 * element.scale)
+    assert_binding_exact(model, b, batch, element, tol=1e-10)
 
 
 def test_a_declaration_that_is_no_symmetry_is_refused_with_the_measured_change(bert):

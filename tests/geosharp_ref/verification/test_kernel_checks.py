@@ -1,5 +1,5 @@
 """The kernel checks (geosharp_ref.verification.kernel_checks) and their random inputs
-(geosharp_ref.verification.sampling): the built-in modules pass, a broken module fails, points and
+(geosharp_ref.sampling): the built-in modules pass, a broken module fails, points and
 group elements are as well conditioned as promised."""
 import types
 
@@ -9,7 +9,7 @@ import torch
 from geosharp_ref.kernels import load_kernels
 from geosharp_ref.verification.kernel_checks import (acceleration_vs_koszul, run_checks, second_order_vjp_error,
                                                      verification_table)
-from geosharp_ref.verification.sampling import draw_orbit_elements, sample_group_element, sample_point, well_conditioned
+from geosharp_ref.sampling import draw_orbit_elements, sample_group_element, sample_point, well_conditioned
 from tests import cases
 
 

@@ -1,4 +1,4 @@
-"""Orbit invariance of a whole model (geosharp_ref.verification.orbits) on the tiny BERT of tests/cases.py:
+"""Orbit invariance of a whole model (geosharp_ref.verification.orbits) on the tiny BERT of tests/cases:
 output, geodesic sharpness and Riemannian gradient norms do not move along GL(h) orbits, adaptive sharpness
 does; a non-symmetry is caught; the gradient norm equals an independent autograd computation."""
 import math
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from geosharp_ref.sharpness import model_loss
-from geosharp_ref.symmetry import SymmetryMap, symmetry_map
-from geosharp_ref.verification.orbits import (INVARIANCE_TOL, INVARIANT_QUANTITIES, NO_GROUPS_WARNING, QUANTITIES,
+from geosharp_ref.symmetry import NoAttentionPairsWarning, SymmetryMap, symmetry_map
+from geosharp_ref.verification.orbits import (INVARIANCE_TOL, INVARIANT_QUANTITIES, QUANTITIES,
                                               model_with_params, orbit_invariance, orbit_quantities,
                                               relative_change, riemannian_gradient_norm)
 from tests import cases
@@ -55,7 +55,7 @@ def test_gradient_norm_without_pairs_is_the_adaptive_one_and_model_with_params_c
     gen = torch.Generator().manual_seed(0)
     batch = (torch.randn(6, 4, generator=gen, dtype=DT), torch.randint(0, 3, (6,), generator=gen))
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=NO_GROUPS_WARNING)
+        warnings.filterwarnings("ignore", category=NoAttentionPairsWarning)
         smap = symmetry_map(model)
         vals = orbit_quantities(model, smap, batch, 0.1, iters=2, seed=0)
     assert not smap.groups

@@ -1,6 +1,7 @@
 """Diagonal linear networks, Auto-PGD (geosharp_ref.studies.diagnet.apgd_space): the space's geometry
 against the generated kernels, Auto-PGD against the closed forms and numerical maxima, and invariance
-along the orbits (u, v) ↦ (a ⊙ u, v / a). The networks and data are tests/cases.py's."""
+along the orbits (u, v) ↦ (a ⊙ u, v / a). The networks and data come from
+tests/cases/models.py (diagonal_net, diagonal_regression)."""
 import math
 
 import numpy as np

@@ -1,6 +1,7 @@
 """Diagonal linear networks, closed forms (geosharp_ref.studies.diagnet.closed_forms): the trust-region
 solver against brute force, the closed-form geodesics against the generated kernels' geodesic equation,
-the second-order map, the numerical maximiser. The networks and data are tests/cases.py's."""
+the second-order map, the numerical maximiser. The networks and data come from
+tests/cases/models.py (diagonal_net, diagonal_regression)."""
 import math
 
 import numpy as np

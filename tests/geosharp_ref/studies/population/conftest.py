@@ -1,4 +1,4 @@
-"""A tiny vision population (tests/cases.py: 4 ViTs, 2 epochs), trained once for the package, and an
+"""A tiny vision population (tests/cases: 4 ViTs, 2 epochs), trained once for the package, and an
 uninterrupted single-process evaluation of a copy of it (the reference the resumed, killed and
 distributed evaluations must reproduce)."""
 import shutil

@@ -1,5 +1,5 @@
 """Importing a real population from local paths (geosharp_ref.studies.population.importing): the manifest
-the population evaluator reads, for model-soups CLIP checkpoints and Hugging Face directories (tests/cases.py's
+the population evaluator reads, for model-soups CLIP checkpoints and Hugging Face directories (tests/cases's
 models, saved by the conftest fixtures `soup` and `berts`), metrics from CSV columns, and clear errors."""
 from __future__ import annotations
 

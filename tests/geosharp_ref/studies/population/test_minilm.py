@@ -14,7 +14,7 @@ import transformers
 from scipy.stats import kendalltau
 
 from geosharp_ref.io.models import load_model
-from geosharp_ref.sharpness.measures import MEASURES, linearised_sharpness, relative_perturbation
+from geosharp_ref.sharpness import MEASURES, linearised_sharpness, relative_perturbation
 from geosharp_ref.stats import kendall_with_ci, paired_abs_tau_difference
 from geosharp_ref.studies.population.calibration import calibrated_grid, read_calibration
 from geosharp_ref.studies.population.correlation import correlate_population

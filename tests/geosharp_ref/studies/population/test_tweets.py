@@ -15,8 +15,8 @@ from geosharp_ref.studies.population.manifest import read_manifest
 from geosharp_ref.studies.population.minilm import checkpoint_dir
 from geosharp_ref.studies.population.tasks import get_task
 from geosharp_ref.studies.population.training import train_population
-from geosharp_ref.studies.population.tweets import (CORPUS_SHA256, EVALUATION_PROTOCOL, PILOT_CORNERS, POOL,
-                                                    RECIPE_SPACE, TWEET_LABELS, TweetsPilotTask, TweetsRecipesTask,
+from geosharp_ref.studies.population.tweets import (ACCEPTED_STAGE, CORPUS_SHA256, DECLARED_SPACE,
+                                                    EVALUATION_PROTOCOL, PILOT_CORNERS, POOL, RECIPE_SPACE, TWEET_LABELS, TweetsPilotTask, TweetsRecipesTask,
                                                     corpus_file, read_tweets, tweets_split)
 
 
@@ -85,8 +85,8 @@ def test_pilot_trains_the_declared_corners():
     task = TweetsPilotTask()
     for i, corner in enumerate(PILOT_CORNERS):
         h = task.sample_hparams(i)
-        assert h["lr"] == RECIPE_SPACE["lr"][0 if corner["lr"] == "lo" else 1]
-        assert h["epochs"] == RECIPE_SPACE["epochs"][0 if corner["epochs"] == "lo" else 1]
+        assert h["lr"] == DECLARED_SPACE["lr"][0 if corner["lr"] == "lo" else 1]
+        assert h["epochs"] == DECLARED_SPACE["epochs"][0 if corner["epochs"] == "lo" else 1]
         assert all(h[k] == corner[k] for k in ("batch_size", "weight_decay", "warmup", "label_smoothing", "augment"))
     assert get_task("tweets-pilot").name == "tweets-pilot" and get_task("tweets-recipes").name == "tweets-recipes"
 
@@ -164,7 +164,8 @@ def test_protocol_document_states_the_code_constants():
     for s in ("36,173", "1,024", "37,197", "n = 80", "4 fixed batches of 128", "20 iterations",
               "2e-5, 2e-4, 1e-3, 1e-2", "ρ = 0.03 and 0.3", "[4e-5, 2e-4]", "6–10", "train error ≤ 0.05"):
         assert s in text, s
-    assert EVALUATION_PROTOCOL["probe_rhos"] == (0.03, 0.3) and RECIPE_SPACE["lr"] == (4e-5, 2e-4)
+    assert EVALUATION_PROTOCOL["probe_rhos"] == (0.03, 0.3) and DECLARED_SPACE["lr"] == (4e-5, 2e-4)
+    assert RECIPE_SPACE["lr"] == (1.6e-4, 2e-4) and "[1.6e-4, 2e-4]" in text
 
 
 def test_committed_power_statement_cell_recomputes():
@@ -182,7 +183,8 @@ def test_committed_power_statement_cell_recomputes():
 def test_pilot_ladder_stages():
     from geosharp_ref.studies.population.tweets import PILOT_LADDER
 
-    assert PILOT_LADDER[0] == RECIPE_SPACE
+    assert PILOT_LADDER[0] == DECLARED_SPACE and PILOT_LADDER[ACCEPTED_STAGE] == RECIPE_SPACE
+    assert {k: v for k, v in RECIPE_SPACE.items() if k != "lr"} == {k: v for k, v in DECLARED_SPACE.items() if k != "lr"}
     stage0 = [TweetsPilotTask().sample_hparams(i) for i in range(4)]
     for k in range(1, len(PILOT_LADDER)):
         task = get_task(f"tweets-pilot-{k}")

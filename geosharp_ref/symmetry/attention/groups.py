@@ -8,16 +8,23 @@ A :class:`Piece` is one head-major slice of one parameter seen as per-head block
 concatenates pieces into G (or H); a :class:`PairGroup` is all heads of one pair kind ("qk" or "vo") of
 one attention module; :class:`SymmetryMap` holds the groups of a model plus the parameters left to the
 adaptive geometry. How attention layers are recognised, and which pairs are refused, is
-:mod:`geosharp_ref.symmetry.detect`; the mathematics of the pairs is written out there.
+:mod:`geosharp_ref.symmetry.attention.detect`; the mathematics of the pairs is written out there.
+
+A :class:`PairGroup` is a :class:`~geosharp_ref.symmetry.binding.Binding`: its blocks are (G, H), its
+``kernels`` the GL(h) pair geometry (``"gl_mix"`` by default, :meth:`PairGroup.with_metric`), its ``act`` the
+action above with one A per head.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import torch
 from torch import Tensor
+
+from ...kernels import gl_kernels, load_kernels
+from ...sampling import orbit_element
 
 __all__ = ["Piece", "Side", "PairGroup", "PairSpec", "SymmetryMap", "coverage_counts_from_pieces", "Params"]
 
@@ -34,6 +41,10 @@ class Piece:
     Channel ``start + i·h + k`` is head i, head coordinate k.  The block of head i is the slice
     with the head axis moved last and every other axis flattened into rows: shape (rows, h), so
     ``block(P)`` has shape (heads, rows, h).
+
+    ``stride`` > 0: the heads are not contiguous but ``stride`` channels apart, channel
+    ``start + i·stride + k`` (a per-head interleaved fused projection, GPT-NeoX's ``query_key_value``:
+    head i holds [q_i | k_i | v_i], stride 3h).
     """
 
     name: str
@@ -42,6 +53,7 @@ class Piece:
     start: int
     heads: int
     h: int
+    stride: int = 0
 
     @property
     def length(self) -> int:
@@ -55,6 +67,18 @@ class Piece:
                 r *= s
         return r
 
+    def channels(self, device=None) -> Tensor:
+        """The channel indices along ``axis``, head-major (heads·h,)."""
+        step = self.stride or self.h
+        return (self.start + step * torch.arange(self.heads, device=device)[:, None]
+                + torch.arange(self.h, device=device)[None, :]).reshape(-1)
+
+    def take(self, T: Tensor) -> Tensor:
+        """The covered slice of ``T`` (a tensor of the parameter's shape) along ``axis``."""
+        if not self.stride:
+            return T.narrow(self.axis, self.start, self.length)
+        return T.index_select(self.axis, self.channels(T.device))
+
     def _check(self, P: Tensor) -> None:
         if tuple(P.shape) != self.shape:
             raise ValueError(
@@ -64,7 +88,7 @@ class Piece:
     def block(self, P: Tensor) -> Tensor:
         """(heads, rows, h) view-like copy of the slice; differentiable."""
         self._check(P)
-        X = P.narrow(self.axis, self.start, self.length).movedim(self.axis, -1)
+        X = self.take(P).movedim(self.axis, -1)
         return X.reshape(-1, self.heads, self.h).permute(1, 0, 2)
 
     def write(self, P: Tensor, B: Tensor) -> Tensor:
@@ -72,6 +96,8 @@ class Piece:
         self._check(P)
         moved = [s for a, s in enumerate(self.shape) if a != self.axis] + [self.length]
         X = B.permute(1, 0, 2).reshape(moved).movedim(-1, self.axis).to(P.dtype)
+        if self.stride:
+            return P.index_copy(self.axis, self.channels(P.device), X)
         size = self.shape[self.axis]
         if self.start == 0 and self.length == size:
             return X  # the whole axis: no copy into P (X may be a strided view; torch ops accept it)
@@ -82,9 +108,17 @@ class Piece:
         ]
         return torch.cat(parts, dim=self.axis)
 
+    def mark(self, counts: Tensor) -> None:
+        """Add 1 to ``counts`` (the parameter's shape) on the covered elements, in place."""
+        if not self.stride:
+            counts.narrow(self.axis, self.start, self.length).add_(1)
+        else:
+            counts.movedim(self.axis, -1)[..., self.channels()] += 1
+
     def describe(self) -> str:
         idx = [":"] * len(self.shape)
-        idx[self.axis] = f"{self.start}:{self.start + self.length}"
+        idx[self.axis] = (f"{self.start}:{self.start + self.length}" if not self.stride else
+                          f"{self.start}+{self.stride}i:{self.start}+{self.stride}i+{self.h} for i<{self.heads}")
         return f"{self.name}[{', '.join(idx)}]"
 
 
@@ -139,9 +173,20 @@ class PairGroup:
         n, m: rows of G and H, bias rows included.
         param_names: parameters this group covers, fully or partly.
         source: ``"auto:<ModuleClass>"`` or ``"user"``.
+        kernels: the geometry that quotients it (a :class:`~geosharp_ref.symmetry.binding.Binding`'s
+            ``kernels``): ``"gl_mix"`` (default), ``"gl_inv"``, or a generated module for a ``gl_pair``
+            metric; :meth:`with_metric` or ``dataclasses.replace`` sets it. For a rotary Q/K pair
+            ``"rope_<pairing>_<metric>"``.
+        rotary: None for a GL(h) pair; ``(pairing, rotary_dim)`` for the Q/K pair of a rotary attention
+            layer (``pairing`` ``"half"`` for Hugging Face ``rotate_half``, ``"interleaved"`` for
+            ``rotate_every_two``; ``rotary_dim`` r, the first r head coordinates rotated): the group is
+            then the RoPE subgroup of GL(h) (per frequency pair a rotation-scaling, GL(h − r) on the free
+            coordinates; :mod:`~geosharp_ref.symmetry.attention.rope`), its kernels
+            ``rope_<pairing>_<metric>`` and :attr:`kernel_options` ``{"rotary_dim": r}``.
 
     For every head i the model depends on this group only through G_i H_iᵀ, so
-    ``(G, H) ↦ (G A, H A⁻ᵀ)`` with A of shape (num_heads, h, h) leaves it unchanged.
+    ``(G, H) ↦ (G A, H A⁻ᵀ)`` with A of shape (num_heads, h, h) leaves it unchanged (for a rotary pair:
+    through G_i R H_iᵀ for every rotation R, so A must commute with the rotations).
     """
 
     key: str
@@ -156,16 +201,50 @@ class PairGroup:
     source: str
     _g: Side = field(repr=False)
     _h: Side = field(repr=False)
+    kernels: object = "gl_mix"
+    rotary: Optional[tuple] = None
+
+    def __post_init__(self):
+        if self.rotary is not None and self.kernels == "gl_mix":  # the default: the subgroup's own kernels
+            object.__setattr__(self, "kernels", f"rope_{self.rotary[0]}_mix")
+
+    @property
+    def kernel_options(self) -> dict:
+        """Extra keyword arguments of the kernels' ``prepare`` (and uncached calls): ``{"rotary_dim": r}`` for
+        a rotary pair, none for a GL(h) pair."""
+        return {} if self.rotary is None else {"rotary_dim": self.rotary[1]}
+
+    @property
+    def group_name(self) -> str:
+        """``"GL(h)"``, or ``"RoPE-<pairing>(r) ⊂ GL(h)"`` for a rotary pair."""
+        if self.rotary is None:
+            return f"GL({self.head_dim})"
+        return f"RoPE-{self.rotary[0]}(r={self.rotary[1]}) ⊂ GL({self.head_dim})"
+
+    def with_metric(self, metric) -> "PairGroup":
+        """The same group quotiented by ``gl_<metric>`` (``"inv"``/``"mix"``), or by a kernel module given as is;
+        a rotary pair by ``rope_<pairing>_<metric>`` (a module given is refused: its metric is declared for
+        the full GL(h))."""
+        if self.rotary is not None:
+            if not isinstance(metric, str):
+                raise ValueError(f"{self.key}: a rotary Q/K pair is quotiented by the built-in "
+                                 f"rope_{self.rotary[0]}_<inv|mix> kernels, not by a declared gl_pair metric")
+            return replace(self, kernels=f"rope_{self.rotary[0]}_{metric}")
+        return replace(self, kernels=gl_kernels(metric))
 
     def extract(self, params: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
         """``(G, H)`` of shapes (num_heads, n, h), (num_heads, m, h); differentiable, no in-place."""
         return self._g.extract(params), self._h.extract(params)
 
-    def insert(self, params: Mapping[str, Tensor], G: Tensor, H: Tensor) -> Params:
-        """A NEW dict: ``params`` with the covered parts rebuilt from G (num_heads, n, h) and
-        H (num_heads, m, h); uncovered parts and other entries are passed through.  Only the
+    def insert(self, params: Mapping[str, Tensor], blocks, H: Optional[Tensor] = None) -> Params:
+        """A NEW dict: ``params`` with the covered parts rebuilt from ``blocks = (G, H)``, G (num_heads, n, h)
+        and H (num_heads, m, h); uncovered parts and other entries are passed through.  Only the
         covered slices change, so several groups sharing a parameter (a fused ``in_proj_weight``,
-        or W_O whose bias stays adaptive) compose when inserted one after another."""
+        or W_O whose bias stays adaptive) compose when inserted one after another.
+
+        ``insert(params, (G, H))`` is the :class:`~geosharp_ref.symmetry.binding.Binding` form;
+        ``insert(params, G, H)`` (the older form) is accepted too."""
+        G, H = (blocks, H) if H is not None else tuple(blocks)
         h = self.head_dim
         if tuple(G.shape) != (self.num_heads, self.n, h):
             raise ValueError(f"{self.key}: G has shape {tuple(G.shape)}, expected {(self.num_heads, self.n, h)}")
@@ -175,6 +254,30 @@ class PairGroup:
         self._g.insert(out, G)
         self._h.insert(out, H)
         return out
+
+    def act(self, params: Mapping[str, Tensor], A: Tensor) -> Params:
+        """ψ(A, θ): per head i, (G_i, H_i) ↦ (G_i A_i, H_i A_i⁻ᵀ), A of shape (num_heads, h, h)."""
+        if tuple(A.shape) != (self.num_heads, self.head_dim, self.head_dim):
+            raise ValueError(f"{self.key}: A has shape {tuple(A.shape)}, expected "
+                             f"{(self.num_heads, self.head_dim, self.head_dim)}")
+        G, H = self.extract(params)
+        A = A.to(G.dtype)
+        return self.insert(params, (G @ A, torch.linalg.solve(A, H.mT).mT))
+
+    def random_element(self, params: Mapping[str, Tensor], scale: float = 1.0, seed: int = 0) -> Tensor:
+        """A = scale · Q·diag(u) per head (:func:`~geosharp_ref.sampling.orbit_element`), shape (num_heads, h, h);
+        for a rotary pair an element of the RoPE subgroup (the kernels' ``random_group_element``)."""
+        G, _ = self.extract(params)
+        gen = torch.Generator().manual_seed(seed)
+        return self.orbit_element(scale, gen, G.dtype).to(G.device)
+
+    def orbit_element(self, scale: float, generator, dtype=torch.float64) -> Tensor:
+        """A random element of this pair's group, (num_heads, h, h), condition number ≤ 4, times ``scale``."""
+        if self.rotary is None:
+            return orbit_element(self.num_heads, self.head_dim, scale, generator, dtype)
+        ref = torch.zeros(self.num_heads, 1, self.head_dim, dtype=dtype)
+        mod = load_kernels(f"rope_{self.rotary[0]}_mix")
+        return mod.random_group_element(ref, generator=generator, scale=scale, rotary_dim=self.rotary[1])
 
     def pieces(self) -> list[str]:
         """Human-readable slices covered, e.g. ``'attn.in_proj_weight[0:16, :]'``."""
@@ -270,14 +373,8 @@ class SymmetryMap:
             pairs = list(zip(self.groups, As))
         out = dict(params)
         for g, A in pairs:
-            if A is None:
-                continue
-            if tuple(A.shape) != (g.num_heads, g.head_dim, g.head_dim):
-                raise ValueError(f"{g.key}: A has shape {tuple(A.shape)}, expected "
-                                 f"{(g.num_heads, g.head_dim, g.head_dim)}")
-            G, H = g.extract(out)
-            A = A.to(G.dtype)
-            out = g.insert(out, G @ A, torch.linalg.solve(A, H.mT).mT)
+            if A is not None:
+                out = g.act(out, A)
         return out
 
     def coverage_counts(self, params: Optional[Mapping[str, Tensor]] = None) -> dict[str, Tensor]:
@@ -287,8 +384,8 @@ class SymmetryMap:
         counts = {k: torch.zeros(s, dtype=torch.long) for k, s in shapes.items()}
         for g in self.groups:
             zeros = {k: torch.zeros(shapes[k], dtype=torch.float64) for k in g.param_names}
-            ones = g.insert(zeros, torch.ones(g.num_heads, g.n, g.head_dim, dtype=torch.float64),
-                            torch.ones(g.num_heads, g.m, g.head_dim, dtype=torch.float64))
+            ones = g.insert(zeros, (torch.ones(g.num_heads, g.n, g.head_dim, dtype=torch.float64),
+                                    torch.ones(g.num_heads, g.m, g.head_dim, dtype=torch.float64)))
             for k in g.param_names:
                 counts[k] += ones[k].round().long()
         for k, mask in self.adaptive_masks.items():
@@ -300,7 +397,7 @@ class SymmetryMap:
         rows = [
             (g.layer or "<root>", g.kind, str(g.num_heads), str(g.head_dim),
              str((g.num_heads, g.n, g.head_dim)), str((g.num_heads, g.m, g.head_dim)),
-             f"GL({g.head_dim}) per head")
+             f"{g.group_name} per head")
             for g in self.groups
         ]
         widths = [max([len(c)] + [len(r[j]) for r in rows]) for j, c in enumerate(cols)]
@@ -310,8 +407,10 @@ class SymmetryMap:
             for k, m in self.adaptive_masks.items()
         )
         n_total = sum(_numel(s) for s in self.param_shapes.values())
+        n_rope = sum(1 for g in self.groups if g.rotary is not None)
         lines = [
-            f"SymmetryMap: {len(self.groups)} GL(h) groups, {len(self.refused)} refused, "
+            f"SymmetryMap: {len(self.groups)} GL(h) groups"
+            + (f" ({n_rope} of them under the RoPE subgroup)" if n_rope else "") + f", {len(self.refused)} refused, "
             f"{len(self.adaptive)} adaptive entries ({n_adapt} of {n_total} elements)",
             fmt.format(*cols).rstrip(),
             "  ".join("-" * w for w in widths),
@@ -348,7 +447,7 @@ def coverage_counts_from_pieces(groups, shapes) -> dict[str, Tensor]:
                     raise ValueError(f"group {g.key}: parameter {p.name!r} has shape "
                                      f"{tuple(shapes[p.name])}, expected {p.shape}")
                 c = counts.setdefault(p.name, torch.zeros(p.shape, dtype=torch.int32))
-                c.narrow(p.axis, p.start, p.length).add_(1)
+                p.mark(c)
     return counts
 
 

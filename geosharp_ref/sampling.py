@@ -2,8 +2,8 @@
 
 * :func:`sample_point`, :func:`sample_tangent`, :func:`sample_group_element` — for a generated kernel
   module (its ``BLOCKS``/``BLOCK_SHAPES``/``GROUP``): full-rank, well-conditioned, seeded;
-* :func:`draw_orbit_elements` — one GL(h) element per head for every group of a model's symmetry map,
-  A = a·Q·diag(u) (condition number ≤ 4 whatever the scale a).
+* :func:`orbit_element` — one GL(h) element per head, A = a·Q·diag(u) (condition number ≤ 4 whatever the
+  scale a); :func:`draw_orbit_elements` — one for every group of a model's symmetry map.
 """
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import math
 
 import torch
 
-__all__ = ["well_conditioned", "sample_point", "sample_tangent", "sample_group_element", "draw_orbit_elements",
-           "DEFAULT_SIZES"]
+__all__ = ["well_conditioned", "sample_point", "sample_tangent", "sample_group_element", "orbit_element",
+           "draw_orbit_elements", "DEFAULT_SIZES"]
 
 DEFAULT_SIZES = {"n": 4, "m": 3, "h": 2, "k": 3}
 
@@ -67,14 +67,17 @@ def sample_group_element(mod, point, seed=2, scale=1.0):
     return torch.randn(batch, generator=gen, dtype=ref.dtype)
 
 
+def orbit_element(heads, h, scale, generator, dtype=torch.float64):
+    """A = a·Ã of shape (heads, h, h), one GL(h) element per head: Ã = Q·diag(u), Q orthogonal (QR of a
+    Gaussian, signs fixed), u ~ uniform[0.5, 2], so the condition number is ≤ 4 whatever the scale a."""
+    Q, R = torch.linalg.qr(torch.randn(heads, h, h, generator=generator, dtype=dtype))
+    Q = Q * torch.sign(torch.diagonal(R, dim1=-2, dim2=-1)).unsqueeze(-2)
+    u = 0.5 + 1.5 * torch.rand(heads, h, generator=generator, dtype=dtype)
+    return scale * Q * u.unsqueeze(-2)
+
+
 def draw_orbit_elements(smap, scale, generator, dtype=torch.float64):
-    """Per group, A = a·Ã of shape (heads, h, h) with Ã = Q·diag(u), Q orthogonal (QR of a Gaussian,
-    signs fixed), u ~ uniform[0.5, 2]: condition number ≤ 4 whatever the scale a."""
-    As = []
-    for g in smap.groups:
-        k, h = g.num_heads, g.head_dim
-        Q, R = torch.linalg.qr(torch.randn(k, h, h, generator=generator, dtype=dtype))
-        Q = Q * torch.sign(torch.diagonal(R, dim1=-2, dim2=-1)).unsqueeze(-2)
-        u = 0.5 + 1.5 * torch.rand(k, h, generator=generator, dtype=dtype)
-        As.append(scale * Q * u.unsqueeze(-2))
-    return As
+    """Per group of ``smap``, :func:`orbit_element` (heads, h, h) at scale a (one generator for all); a group
+    with its own sampler (a rotary Q/K pair: ``g.orbit_element``, an element of the RoPE subgroup) uses it."""
+    return [g.orbit_element(scale, generator, dtype) if getattr(g, "rotary", None) is not None
+            else orbit_element(g.num_heads, g.head_dim, scale, generator, dtype) for g in smap.groups]

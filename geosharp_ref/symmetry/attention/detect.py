@@ -56,7 +56,7 @@ In multi-head attention with head dimension h, input x ∈ R^d (a row vector) an
   A ``lora_B`` bias (``lora_bias=True``) is one more row of G_i into a head (after (B_k^i)ᵀ) and stays
   adaptive on O.  The base layer may be an ``nn.Linear`` or a ``Conv1D`` (the adapter is (out, in)
   either way), fused [Q|K|V] included; all adapters of the layer are covered, active or not.  The pair
-  holds B_k (or A_k), so the adapter's own GL(r) symmetry (``bindings.lora_bindings``) is not bound
+  holds B_k (or A_k), so the adapter's own GL(r) symmetry (:func:`~geosharp_ref.symmetry.adapters.lora_bindings`) is not bound
   there as well (a parameter belongs to one symmetry).  Refused (the pair's parameters stay
   adaptive): DoRA (``lora_magnitude_vector`` / ``use_dora``: each output row is renormalised by
   ‖W0 + s B A‖_row, not GL(h)-equivariant), any ``lora_variant``, adapter parameters outside
@@ -64,260 +64,58 @@ In multi-head attention with head dimension h, input x ∈ R^d (a row vector) an
   peft's wrapped ``nn.MultiheadAttention``.
 
 * **Rotary position embeddings** rotate queries and keys per position, q ↦ q R_p, k ↦ k R_p, so
-  scores use G_i R_{p−p'} H_iᵀ: invariant only for A that commute with every rotation R_θ, a
-  proper subgroup of GL(h).  The Q/K pair of such a layer is *refused* (its weights go to the
-  adaptive geometry); V/O is unaffected.  Normalisations of q/k inside the head (QK-norm) and
-  non-absolute position encodings are refused for the same reason.
+  scores use G_i R_p R_{p'}ᵀ H_iᵀ: invariant only for A that commute with every R_p, the RoPE
+  subgroup (ℂ*)^{r/2} × GL(h − r) of GL(h) (:mod:`.rope`).  The Q/K pair of a rotary layer whose
+  implementation is understood (:func:`~.rope.rotary_layout`: the pairing ``rotate_half`` /
+  ``rotate_every_two`` and the rotary dimension r read from the model) is bound under that subgroup
+  (``PairGroup.rotary = (pairing, r)``, kernels ``rope_<pairing>_<metric>``), per KV head with the query
+  heads of its GQA group row-stacked into G and q/k biases as rows, as for GL(h); other rotary layers are
+  refused with the reason (their weights go to the adaptive geometry); V/O is unaffected.
+  Normalisations of q/k inside the head (QK-norm) and relative position encodings are refused.
 
-Refusals are conservative: Q/K is refused when the attention class's code names a rotary
+Rotary evidence is conservative: a layer is rotary when the attention class's code names a rotary
 embedding, its forward takes ``position_embeddings``/``freqs_cis``-like arguments, a rotary module
-sits in the stack containing it, or its config declares rotary/relative positions.  A module
-whose class name contains "Attention" but whose layout is not recognised (e.g. per-head interleaved
-fused QKV as in GPT-NeoX) is refused as a whole; declare such pairs by hand with :class:`PairSpec`.
+sits in the stack containing it, or its config declares rotary positions.
+
+* **Fused projections.** ``[Q | K | V]`` along the output channels (GPT-2's ``c_attn``, Phi-3's
+  ``qkv_proj`` with N query and K key/value heads: Q rows 0 … N·h, K rows N·h … (N+K)·h, V after) are cut
+  into head-major pieces; a projection viewed per head as ``[q_i | k_i | v_i]`` (GPT-NeoX's
+  ``query_key_value``, recognised from its forward's ``view(…, -1, 3 * self.head_size)`` and
+  ``chunk(3, dim=-1)``) into strided pieces (head i at channel 3h·i, + h for k, + 2h for v:
+  :class:`~.groups.Piece` ``stride``).
+
+A module whose class name contains "Attention" but whose layout is not recognised is refused as a whole;
+declare such pairs by hand with :class:`PairSpec`.
 
 Every parameter (or part of one) that no group covers — output-projection biases, layer norms,
 embeddings, MLPs, classifier, refused Q/K weights — is listed in :attr:`SymmetryMap.adaptive`
 and gets the element-wise ("adaptive") geometry.
 
-Public API: :func:`symmetry_map` (the classes live in :mod:`geosharp_ref.symmetry.groups`).
+Public API: :func:`symmetry_map` and :class:`NoAttentionPairsWarning` (the classes live in
+:mod:`geosharp_ref.symmetry.attention.groups`, the projection layouts and refusal evidence in
+:mod:`geosharp_ref.symmetry.attention.layouts`).
 """
 from __future__ import annotations
 
-import ast
 import inspect
 import re
-import textwrap
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Optional
 
 from torch import Tensor, nn
 
-from .groups import PairGroup, PairSpec, Piece, Side, SymmetryMap, coverage_counts_from_pieces
+from .groups import PairGroup, PairSpec, Piece, SymmetryMap, coverage_counts_from_pieces
+from .layouts import (ROTARY_CLASS, QK_NORM, REL_POS, Lin, as_lin, into_head, is_adapter_wrapper, is_norm_module,
+                      join_path, make_group, out_of_head, qk_refusal)
+from .rope import rotary_evidence, rotary_layout
 
-__all__ = ["symmetry_map"]
-
-def _layer_index(path: str) -> Optional[int]:
-    nums = [int(p) for p in path.split(".") if p.isdigit()]
-    return nums[-1] if nums else None
-
-
-def _join(prefix: str, name: str) -> str:
-    return f"{prefix}.{name}" if prefix else name
+__all__ = ["symmetry_map", "NoAttentionPairsWarning"]
 
 
-@dataclass
-class _Lin:
-    """A linear-like module: weight name/shape, bias name, layout, in/out features."""
-
-    path: str
-    weight: str
-    bias: Optional[str]
-    layout: str  # "out_in" (nn.Linear) or "in_out" (Conv1D)
-    in_features: int
-    out_features: int
-    wshape: tuple[int, ...]
-    #: LoRA adapters on top of the weight (empty for a plain projection)
-    adapters: tuple["_Adapter", ...] = ()
-    #: why the projection cannot be part of a GL(h) pair (an unsupported adapter), or None
-    refusal: Optional[str] = None
-
-    @property
-    def out_axis(self) -> int:
-        return 0 if self.layout == "out_in" else 1
-
-    @property
-    def in_axis(self) -> int:
-        return 1 - self.out_axis
-
-
-@dataclass(frozen=True)
-class _Adapter:
-    """One LoRA adapter of a projection: ``lora_A`` weight (r, in), ``lora_B`` weight (out, r) [+ bias (out,)]."""
-
-    a: str
-    a_shape: tuple[int, int]
-    b: str
-    b_shape: tuple[int, int]
-    b_bias: Optional[str]
-
-
-def _is_adapter_wrapper(mod: nn.Module) -> bool:
-    """A module wrapping a layer as ``mod.base_layer`` (peft's tuner layers, matched by structure)."""
-    return isinstance(getattr(mod, "base_layer", None), nn.Module)
-
-
-def _as_lora_lin(path: str, mod: nn.Module) -> Optional[_Lin]:
-    r"""A projection wrapped by LoRA adapters: y = x W0ᵀ + b + Σ_k s_k (x A_kᵀ) B_kᵀ (peft ``LoraLayer``).
-
-    The base layer must be linear-like; the result names the base weight/bias and lists the adapters.
-    Anything but plain LoRA (DoRA's magnitude vector, LoRA variants, embedding adapters, other tuner
-    types, adapters of unexpected shapes) gives a ``_Lin`` carrying a ``refusal``."""
-    base = _as_lin(_join(path, "base_layer"), mod.base_layer)
-    if base is None:
-        return None
-    kind = f"{type(mod).__module__}.{type(mod).__name__}"
-    la, lb = getattr(mod, "lora_A", None), getattr(mod, "lora_B", None)
-    if not (isinstance(la, nn.ModuleDict) and isinstance(lb, nn.ModuleDict)):
-        base.refusal = (f"{path} is wrapped by an adapter layer ({kind}) that is not LoRA (no lora_A/lora_B); "
-                        f"its effective weight need not transform with the head rows")
-        return base
-    why = []
-    stray = sorted({n.split(".")[0] for n, _ in mod.named_parameters()
-                    if n.split(".")[0] not in ("base_layer", "lora_A", "lora_B")})
-    if stray:
-        why.append(f"adapter parameters outside lora_A/lora_B ({', '.join(stray)}"
-                   + ("; DoRA rescales each output row by m / ‖W0 + s B A‖_row, not GL(h)-equivariant"
-                      if "lora_magnitude_vector" in stray else "") + ")")
-    variants = getattr(mod, "lora_variant", None)
-    if isinstance(variants, Mapping) and variants:
-        why.append("LoRA variant(s) " + ", ".join(f"{k}: {type(v).__name__}" for k, v in variants.items()))
-    dora = getattr(mod, "use_dora", None)
-    if isinstance(dora, Mapping) and any(bool(v) for v in dora.values()):
-        why.append("use_dora=True (DoRA)")
-    if set(la.keys()) != set(lb.keys()):
-        why.append(f"lora_A adapters {sorted(la.keys())} differ from lora_B adapters {sorted(lb.keys())}")
-    adapters = []
-    for k in la.keys():
-        if k not in lb:
-            continue
-        A, B = la[k], lb[k]
-        if type(A) is not nn.Linear or type(B) is not nn.Linear:
-            why.append(f"adapter {k!r}: lora_A/lora_B are {type(A).__name__}/{type(B).__name__}, not nn.Linear")
-            continue
-        r = A.weight.shape[0]
-        if A.bias is not None or tuple(A.weight.shape) != (r, base.in_features) \
-                or tuple(B.weight.shape) != (base.out_features, r):
-            why.append(f"adapter {k!r}: lora_A {tuple(A.weight.shape)} / lora_B {tuple(B.weight.shape)} do not "
-                       f"factor a ({base.out_features}, {base.in_features}) update B A (or lora_A has a bias)")
-            continue
-        pa, pb = _join(path, f"lora_A.{k}"), _join(path, f"lora_B.{k}")
-        adapters.append(_Adapter(_join(pa, "weight"), (r, base.in_features), _join(pb, "weight"),
-                                 (base.out_features, r), _join(pb, "bias") if B.bias is not None else None))
-    base.adapters = tuple(adapters)
-    if why:
-        base.refusal = f"{path} ({kind}) is not a plain LoRA projection: " + "; ".join(why)
-    return base
-
-
-def _as_lin(path: str, mod: nn.Module) -> Optional[_Lin]:
-    if _is_adapter_wrapper(mod):
-        return _as_lora_lin(path, mod)
-    w = getattr(mod, "weight", None)
-    if not isinstance(w, Tensor) or w.dim() != 2:
-        return None
-    b = getattr(mod, "bias", None)
-    bname = _join(path, "bias") if isinstance(b, Tensor) else None
-    if isinstance(mod, nn.Linear):
-        return _Lin(path, _join(path, "weight"), bname, "out_in", w.shape[1], w.shape[0], tuple(w.shape))
-    # transformers' Conv1D (GPT-2): weight (nx, nf), y = x W + b.  Recognised by structure.
-    if type(mod).__name__ == "Conv1D" and getattr(mod, "nf", None) == w.shape[1] \
-            and getattr(mod, "nx", None) == w.shape[0]:
-        return _Lin(path, _join(path, "weight"), bname, "in_out", w.shape[0], w.shape[1], tuple(w.shape))
-    return None
-
-
-def _into_head(lin: _Lin, start: int, heads: int, h: int, bias_shape=None) -> list[Piece]:
-    """Pieces [W^iᵀ ; b^iᵀ ; (B_k^i)ᵀ ; (b_{B,k}^i)ᵀ …] for a projection into head space, channels
-    start … start+heads·h: B_k^i (h × r) are the head-i rows of each LoRA ``lora_B`` weight (out, r)."""
-    pieces = [Piece(lin.weight, lin.wshape, lin.out_axis, start, heads, h)]
-    if lin.bias is not None:
-        pieces.append(Piece(lin.bias, (lin.out_features,) if bias_shape is None else bias_shape,
-                             0, start, heads, h))
-    for ad in lin.adapters:
-        pieces.append(Piece(ad.b, ad.b_shape, 0, start, heads, h))
-        if ad.b_bias is not None:
-            pieces.append(Piece(ad.b_bias, (ad.b_shape[0],), 0, start, heads, h))
-    return pieces
-
-
-def _out_of_head(lin: _Lin, heads: int, h: int) -> list[Piece]:
-    """Pieces [W_O[:, i·h:(i+1)·h] ; A_k[:, i·h:(i+1)·h] …] ((d_out + Σ r_k) × h) of an output projection,
-    A_k (r, N·h) the ``lora_A`` weights of its LoRA adapters; its biases (and lora_B's) are not included."""
-    return [Piece(lin.weight, lin.wshape, lin.in_axis, 0, heads, h)] + \
-        [Piece(ad.a, ad.a_shape, 1, 0, heads, h) for ad in lin.adapters]
-
-
-def _make_group(path, kind, g_pieces, h_pieces, g_stack, h_stack, source) -> PairGroup:
-    g, hs = Side(tuple(g_pieces), g_stack), Side(tuple(h_pieces), h_stack)
-    assert g.h == hs.h and g.heads // g_stack == hs.heads // h_stack
-    names = []
-    for p in g.pieces + hs.pieces:
-        if p.name not in names:
-            names.append(p.name)
-    return PairGroup(
-        key=f"{path}:{kind}", layer=path, layer_index=_layer_index(path), kind=kind,
-        num_heads=g.heads // g_stack, head_dim=g.h, n=g.rows, m=hs.rows,
-        param_names=tuple(names), source=source, _g=g, _h=hs,
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Refusal evidence
-# --------------------------------------------------------------------------------------------
-
-_ROTARY_CLASS = re.compile(r"[Rr]otary|RoPE|(?<![a-z])[Rr]ope(?![a-z])")
-_ROTARY_IDENT = re.compile(r"rotary|freqs_cis|(?:^|_)rope(?:_|$)", re.IGNORECASE)
-
-
-def _rotary_identifier(cls) -> Optional[str]:
-    """First identifier (name, attribute, argument, function) of the class's code that names a
-    rotary embedding (comments and docstrings are ignored), or None; None if there is no source."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    except (OSError, TypeError, SyntaxError):
-        return None
-    for node in ast.walk(tree):
-        for ident in (getattr(node, "id", None), getattr(node, "attr", None), getattr(node, "arg", None),
-                      node.name if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None):
-            if isinstance(ident, str) and (_ROTARY_IDENT.search(ident) or _ROTARY_CLASS.search(ident)):
-                return ident
-    return None
-_ROTARY_ARGS = ("position_embeddings", "rotary_pos_emb", "rotary_emb", "freqs_cis", "rope",
-                "cos", "sin")
-_REL_POS = ("rotary", "relative_key", "relative_key_query", "relative")
-
-
-def _qk_refusal(mod: nn.Module, path: str, configs, model_rotary, qk_norms=()) -> Optional[str]:
-    why = []
-    try:
-        params = inspect.signature(type(mod).forward).parameters
-        hit = [a for a in _ROTARY_ARGS if a in params]
-        if hit:
-            why.append(f"forward takes {hit[0]!r}")
-    except (TypeError, ValueError):
-        pass
-    ident = _rotary_identifier(type(mod))
-    if ident:
-        why.append(f"its code uses {ident!r}")
-    for rpath, rname in model_rotary:
-        scope = rpath.rpartition(".")[0]
-        if not scope or path == scope or path.startswith(scope + "."):
-            why.append(f"{rname} at {rpath or '<root>'} feeds the stack containing it")
-            break
-    for cfg in configs:
-        pet = getattr(cfg, "position_embedding_type", None)
-        if isinstance(pet, str) and pet.lower() in _REL_POS:
-            why.append(f"config.position_embedding_type={pet!r}")
-        if getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_theta", None) \
-                or getattr(cfg, "rotary_dim", None):
-            why.append("config has rotary parameters")
-    if why:
-        return ("rotary/relative position encoding (" + "; ".join(dict.fromkeys(why)) + "): scores use "
-                "G R_{p-p'} Hᵀ, invariant only under A commuting with the rotations (a subgroup of "
-                "GL(h)), so Q/K is not a GL(h) pair; its weights stay adaptive")
-    if qk_norms:
-        return (f"normalisation inside the Q/K path ({', '.join(qk_norms)}): scores are not a function "
-                f"of G Hᵀ alone, so Q/K is not a GL(h) pair; its weights stay adaptive")
-    return None
-
-
-def _is_norm(name: str, mod: nn.Module) -> bool:
-    return "norm" in type(mod).__name__.lower() or "norm" in name.lower()
-
-
-_QK_NORM = re.compile(r"^(q|k|query|key)_?(layer_?)?norm", re.IGNORECASE)
+class NoAttentionPairsWarning(UserWarning):
+    """:func:`symmetry_map` recognised no GL(h) attention pair: every parameter falls back to the adaptive
+    (element-wise) geometry. The message starts with ``"symmetry_map: no GL(h) attention pair recognised"``."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -334,11 +132,31 @@ _HEAD_DIM = ("head_dim", "attention_head_size", "head_size", "d_head", "d_k")
 _KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "n_kv_head")
 
 
-def _adapter_refusal(*lins: _Lin) -> Optional[str]:
+def _adapter_refusal(*lins: Lin) -> Optional[str]:
     why = list(dict.fromkeys(lin.refusal for lin in lins if lin.refusal))
     if not why:
         return None
     return "; ".join(why) + "; the pair's parameters stay adaptive"
+
+
+#: a fused projection whose output is viewed per head as [q_i | k_i | v_i] (GPT-NeoX / Pythia)
+_PER_HEAD_FUSED = ("query_key_value",)
+_PER_HEAD_VIEW = re.compile(r"\(\s*\*input_shape\s*,\s*-1\s*,\s*3\s*\*\s*self\.head_size\s*\)")
+
+
+def _per_head_fused(mod) -> bool:
+    """The module's forward views its fused projection per head as (…, heads, 3·head_size) and chunks it into
+    q, k, v (GPT-NeoX's ``query_key_value``): channel i·3h + k is q of head i, + h is k, + 2h is v."""
+    try:
+        src = inspect.getsource(type(mod).forward)
+    except (OSError, TypeError):
+        return False
+    return bool(_PER_HEAD_VIEW.search(src)) and "chunk(3, dim=-1)" in src
+
+
+def _relative_positions(configs) -> bool:
+    return any(isinstance(getattr(c, "position_embedding_type", None), str)
+               and c.position_embedding_type.lower() in REL_POS for c in configs)
 
 
 def _int_attr(objs, names) -> Optional[int]:
@@ -364,45 +182,45 @@ def _match_mha(path: str, mod: nn.MultiheadAttention, found: _Found) -> None:
     h = E // N
     src = f"auto:{type(mod).__name__}"
     bias_shape = (3 * E,)
-    b = _join(path, "in_proj_bias") if mod.in_proj_bias is not None else None
+    b = join_path(path, "in_proj_bias") if mod.in_proj_bias is not None else None
     if mod._qkv_same_embed_dim:
-        W = _Lin(path, _join(path, "in_proj_weight"), b, "out_in", E, 3 * E, (3 * E, E))
-        q = _into_head(W, 0, N, h, bias_shape)
-        k = _into_head(W, E, N, h, bias_shape)
-        v = _into_head(W, 2 * E, N, h, bias_shape)
+        W = Lin(path, join_path(path, "in_proj_weight"), b, "out_in", E, 3 * E, (3 * E, E))
+        q = into_head(W, 0, N, h, bias_shape)
+        k = into_head(W, E, N, h, bias_shape)
+        v = into_head(W, 2 * E, N, h, bias_shape)
     else:
         parts = []
         for i, nm in enumerate(("q_proj_weight", "k_proj_weight", "v_proj_weight")):
             w = getattr(mod, nm)
-            lin = _Lin(path, _join(path, nm), b, "out_in", w.shape[1], E, tuple(w.shape))
+            lin = Lin(path, join_path(path, nm), b, "out_in", w.shape[1], E, tuple(w.shape))
             parts.append([Piece(lin.weight, lin.wshape, 0, 0, N, h)]
                          + ([Piece(b, bias_shape, 0, i * E, N, h)] if b else []))
         q, k, v = parts
     if mod.bias_k is not None:  # learned extra key / value (1, 1, E): one more row of H / G
-        k = k + [Piece(_join(path, "bias_k"), (1, 1, E), 2, 0, N, h)]
-        v = v + [Piece(_join(path, "bias_v"), (1, 1, E), 2, 0, N, h)]
-    o = _as_lin(_join(path, "out_proj"), mod.out_proj)
-    found.groups.append(_make_group(path, "qk", q, k, 1, 1, src))
+        k = k + [Piece(join_path(path, "bias_k"), (1, 1, E), 2, 0, N, h)]
+        v = v + [Piece(join_path(path, "bias_v"), (1, 1, E), 2, 0, N, h)]
+    o = as_lin(join_path(path, "out_proj"), mod.out_proj)
+    found.groups.append(make_group(path, "qk", q, k, 1, 1, src))
     if o is None or o.adapters or o.refusal:
         # nn.MultiheadAttention reads out_proj.weight directly (a wrapper's forward is never called)
         what = "is not linear" if o is None else \
             f"is wrapped by an adapter layer ({type(mod.out_proj).__name__}) that nn.MultiheadAttention bypasses"
         found.refused.append((f"{path}:vo", f"out_proj {what}; its parameters stay adaptive"))
     else:
-        found.groups.append(_make_group(path, "vo", v, _out_of_head(o, N, h), 1, 1, src))
+        found.groups.append(make_group(path, "vo", v, out_of_head(o, N, h), 1, 1, src))
     found.matched.add(path)
 
 
-def _child_lins(mod: nn.Module, path: str) -> dict[str, _Lin]:
+def _child_lins(mod: nn.Module, path: str) -> dict[str, Lin]:
     out = {}
     for n, c in mod.named_children():
-        lin = _as_lin(_join(path, n), c)
+        lin = as_lin(join_path(path, n), c)
         if lin is not None:
             out[n] = lin
     return out
 
 
-def _first(lins: dict[str, _Lin], aliases) -> Optional[tuple[str, _Lin]]:
+def _first(lins: dict[str, Lin], aliases) -> Optional[tuple[str, Lin]]:
     for a in aliases:
         if a in lins:
             return a, lins[a]
@@ -413,9 +231,11 @@ def _match_projections(path, mod, parent, parent_path, model_cfg, model_rotary, 
     lins = _child_lins(mod, path)
     q, k, v = _first(lins, _Q), _first(lins, _K), _first(lins, _V)
     fused = _first(lins, _FUSED)
-    if not ((q and k and v) or fused):
+    per_head = _first(lins, _PER_HEAD_FUSED) if _per_head_fused(mod) else None
+    if not ((q and k and v) or fused or per_head):
         return
     src = f"auto:{type(mod).__name__}"
+    stride = 0  # head-major channels; 3h for a per-head interleaved [q_i | k_i | v_i] projection
     cfg = getattr(mod, "config", None)
     configs = [c for c in (cfg, model_cfg) if c is not None]
     h = _int_attr([mod], _HEAD_DIM)
@@ -429,7 +249,16 @@ def _match_projections(path, mod, parent, parent_path, model_cfg, model_rotary, 
         found.matched.add(path)
 
     # -- query / key / value projections: (lin, channel offset, out width) --
-    if q and k and v:
+    if per_head and not (q and k and v):
+        used.add(per_head[0])
+        F = per_head[1]
+        if h is None or N is None or 3 * N * h != F.out_features or (Kh is not None and Kh != N):
+            return refuse_all(f"per-head fused projection {per_head[0]} of width {F.out_features} does not split "
+                              f"as [q_i | k_i | v_i] per head with the known head counts")
+        qlin = klin = vlin = F
+        q_out = k_out = v_out = N * h
+        q_off, k_off, v_off, stride = 0, h, 2 * h, 3 * h
+    elif q and k and v:
         used |= {q[0], k[0], v[0]}
         q_out, k_out, v_out = q[1].out_features, k[1].out_features, v[1].out_features
         qlin, klin, vlin = q[1], k[1], v[1]
@@ -488,7 +317,7 @@ def _match_projections(path, mod, parent, parent_path, model_cfg, model_rotary, 
         for n, c in parent.named_modules():
             if not n or n == rel or n.startswith(rel + ".") or n.count(".") > 1:
                 continue
-            lin = _as_lin(_join(parent_path, n), c)
+            lin = as_lin(join_path(parent_path, n), c)
             if lin is not None and n.split(".")[-1] in _O and lin.in_features == N * hv:
                 cands.append(lin)
         if len(cands) == 1:
@@ -498,9 +327,9 @@ def _match_projections(path, mod, parent, parent_path, model_cfg, model_rotary, 
 
     extra, qk_norms = [], []
     for n, c in mod.named_children():
-        if n in used or not any(True for _ in c.parameters()) or _ROTARY_CLASS.search(type(c).__name__):
+        if n in used or not any(True for _ in c.parameters()) or ROTARY_CLASS.search(type(c).__name__):
             continue
-        if _is_norm(n, c) and _QK_NORM.match(n):
+        if is_norm_module(n, c) and QK_NORM.match(n):
             qk_norms.append(n)
         else:
             extra.append(n)
@@ -510,19 +339,27 @@ def _match_projections(path, mod, parent, parent_path, model_cfg, model_rotary, 
                           f"may act between the projections")
 
     found.matched.add(path)
-    why = _qk_refusal(mod, path, configs, model_rotary, qk_norms) or _adapter_refusal(qlin, klin)
+    rotary, why = None, _adapter_refusal(qlin, klin)
+    if not why and qk_norms:  # QK-norm (with or without RoPE): q / ‖q‖ is equivariant under no subgroup used here
+        why = (f"normalisation inside the Q/K path ({', '.join(qk_norms)}): scores are not a function of G Hᵀ "
+               f"(or G R Hᵀ) alone, so Q/K is neither a GL(h) nor a RoPE-subgroup pair; its weights stay adaptive")
+    elif not why and rotary_evidence(mod, path, configs, model_rotary) and not _relative_positions(configs):
+        rotary, why = rotary_layout(mod, configs, h)  # the RoPE subgroup, or why not
+    elif not why:
+        why = qk_refusal(mod, path, configs, model_rotary, qk_norms)
     if why:
         found.refused.append((f"{path}:qk", why))
     else:
-        found.groups.append(_make_group(
-            path, "qk", _into_head(qlin, q_off, N, h), _into_head(klin, k_off, K, h), r, 1, src))
+        found.groups.append(make_group(
+            path, "qk", into_head(qlin, q_off, N, h, stride=stride), into_head(klin, k_off, K, h, stride=stride), r, 1,
+            src, rotary=rotary))
     if o is None:
         found.refused.append((f"{path}:vo", "no output projection found (in_features = heads × head dim)"))
     elif _adapter_refusal(vlin, o[1]):
         found.refused.append((f"{path}:vo", _adapter_refusal(vlin, o[1])))
     else:
-        found.groups.append(_make_group(
-            path, "vo", _into_head(vlin, v_off, K, hv), _out_of_head(o[1], N, hv), 1, r, src))
+        found.groups.append(make_group(
+            path, "vo", into_head(vlin, v_off, K, hv, stride=stride), out_of_head(o[1], N, hv), 1, r, src))
 
 
 # --------------------------------------------------------------------------------------------
@@ -573,7 +410,7 @@ def _spec_group(spec: PairSpec, named: Mapping[str, Tensor]) -> PairGroup:
                              f"to match {wname!r} {tuple(wshape)}")
         pieces.append(Piece(bname, (width,), 0, 0, N, h))
     path = spec.name or spec.G.rpartition(".")[0]
-    return _make_group(path, spec.kind, gp, hp, 1, 1, "user")
+    return make_group(path, spec.kind, gp, hp, 1, 1, "user")
 
 
 # --------------------------------------------------------------------------------------------
@@ -590,7 +427,7 @@ def symmetry_map(model: nn.Module, pairs: Optional[Sequence[PairSpec]] = None, *
     fused [Q|K|V], each possibly wrapped by peft LoRA adapters) and an output projection (a child, or
     under the parent as in BERT), with heads
     from module attributes / config and checked against the weight shapes.  Recognised: BERT,
-    RoBERTa, ViT, DeiT, CLIP, GPT-2, Llama-style (GQA; Q/K refused for RoPE) and similar.
+    RoBERTa, ViT, DeiT, CLIP, GPT-2, Llama-style decoders (GQA; Q/K under the RoPE subgroup) and similar.
     A module whose class name contains "Attention" but matches nothing is listed in ``refused``.
 
     ``pairs``: hand-declared :class:`PairSpec` pairs; they take precedence over detected groups
@@ -605,7 +442,7 @@ def symmetry_map(model: nn.Module, pairs: Optional[Sequence[PairSpec]] = None, *
         # rotary modules (e.g. LlamaRotaryEmbedding at model.rotary_emb): they apply to every
         # attention module below their parent (the decoder stack they belong to)
         model_rotary = [(p, type(m).__name__) for p, m in model.named_modules()
-                        if _ROTARY_CLASS.search(type(m).__name__)]
+                        if ROTARY_CLASS.search(type(m).__name__)]
         modules = dict(model.named_modules())
         for path, mod in modules.items():
             if path in found.matched:
@@ -613,7 +450,7 @@ def symmetry_map(model: nn.Module, pairs: Optional[Sequence[PairSpec]] = None, *
             parent_path = path.rpartition(".")[0] if path else None
             parent = modules.get(parent_path) if parent_path is not None else None
             if isinstance(mod, nn.MultiheadAttention):
-                if parent is not None and _is_adapter_wrapper(parent) and parent.base_layer is mod:
+                if parent is not None and is_adapter_wrapper(parent) and parent.base_layer is mod:
                     why = (f"nn.MultiheadAttention wrapped by an adapter layer ({type(parent).__name__} at "
                            f"{parent_path}): the adapters change the fused in_proj and out_proj weights, a "
                            f"layout not supported here; its parameters stay adaptive")
@@ -645,7 +482,7 @@ def symmetry_map(model: nn.Module, pairs: Optional[Sequence[PairSpec]] = None, *
             for side in (g._g, g._h):
                 for p in side.pieces:
                     c = user_cov.get(p.name)
-                    if c is not None and int(c.narrow(p.axis, p.start, p.length).max()) > 0:
+                    if c is not None and int(p.take(c).max()) > 0:
                         clash = True
             if clash:
                 found.refused.append((g.key, "superseded by a user-declared pair"))
@@ -658,6 +495,6 @@ def symmetry_map(model: nn.Module, pairs: Optional[Sequence[PairSpec]] = None, *
             f"symmetry_map: no GL(h) attention pair recognised in {type(model).__name__}"
             + (f" ({len(smap.refused)} refused)" if smap.refused else "")
             + "; falling back to the adaptive (element-wise) geometry for every parameter",
-            stacklevel=2,
+            NoAttentionPairsWarning, stacklevel=2,
         )
     return smap

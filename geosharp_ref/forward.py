@@ -1,4 +1,5 @@
-"""How a model's loss is computed from functional parameters (no parameter is ever modified).
+"""Calling a model on functional parameters: the one place every layer calls a model through (no parameter is
+ever modified).
 
 ``model_loss(model, params, (inputs, targets), loss_fn)`` calls the model with ``params`` through
 ``torch.func.functional_call`` (inputs: a tensor passed positionally, or a dict passed as keyword
@@ -11,7 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-__all__ = ["IGNORE_INDEX", "model_logits", "check_targets", "default_loss", "call_model", "model_loss", "to_device", "check_finite_batch"]
+from .precision import keep_float64
+
+__all__ = ["IGNORE_INDEX", "model_logits", "check_targets", "default_loss", "call_model", "model_loss", "to_device",
+           "check_finite_batch", "float64_inputs"]
 
 
 def model_logits(out):
@@ -63,9 +67,15 @@ def default_loss(logits, targets):
 
 
 def call_model(model, params, inputs):
-    if isinstance(inputs, dict):
-        return functional_call(model, params, args=(), kwargs=inputs)
-    return functional_call(model, params, args=(inputs,))
+    """``model`` evaluated at the parameters ``params`` (name → tensor) on ``inputs`` (a tensor passed
+    positionally, or a dict passed as keyword arguments), through ``torch.func.functional_call``. With float64
+    parameters the forward runs inside :func:`geosharp_ref.precision.keep_float64` (no float32 softmax or
+    RMSNorm inside a float64 model)."""
+    first = next(iter(params.values()), None) if isinstance(params, dict) else None
+    with keep_float64(first is not None and first.dtype is torch.float64):
+        if isinstance(inputs, dict):
+            return functional_call(model, params, args=(), kwargs=inputs)
+        return functional_call(model, params, args=(inputs,))
 
 
 def model_loss(model, params, batch, loss_fn=default_loss):
@@ -88,3 +98,10 @@ def check_finite_batch(batch, i):
     for name, t in list(items) + [("targets", targets)]:
         if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(t).all():
             raise ValueError(f"batch {i}: {name} contains NaN or inf; clean the data before evaluating")
+
+
+def float64_inputs(inputs):
+    """Floating-point input tensors (a tensor or a dict of them) in float64, for a model's float64 copy."""
+    def cast(x):
+        return x.to(torch.float64) if torch.is_tensor(x) and x.is_floating_point() else x
+    return {k: cast(v) for k, v in inputs.items()} if isinstance(inputs, dict) else cast(inputs)

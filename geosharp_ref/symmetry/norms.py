@@ -1,213 +1,44 @@
-"""Bindings: which parameters of a model form the blocks of a declared symmetry's geometry.
+r"""Positive scaling of everything that writes into a normalisation: the binding, its detection, its check.
 
-A binding has ``key``, ``param_names``, ``extract(params) -> blocks`` (tensors with the group batch on the
-leading dimensions, in the kernel module's ``BLOCKS`` order and shapes), ``insert(params, blocks) -> params``
-(a new dict; only the bound parts change) and ``act(params, element) -> params`` (the symmetry's action on
-the model, used by :func:`check_binding`).
+A LayerNorm N(z) = γ ⊙ (z − μ)/√(σ² + eps) + β (RMSNorm: γ ⊙ z/√(mean z² + eps)) gives
+N(c z) = γ ⊙ (c z − c μ)/√(c²σ² + eps) + β, which equals N(z) for every c > 0 **only when eps = 0**; with
+eps > 0, N(c z) − N(z) ≈ (eps/2σ²)(1 − 1/c²)(N(z) − β). If every parameter that writes into z is scaled by
+the same c and z is read only through such norms, the model is unchanged. The bound parameters,
+flattened and concatenated, are ONE block W ∈ R^{N×1} (batch of one) of the built-in ``scaling`` kernel
+(W ↦ a W, a > 0): g_W(ξ, η) = ⟨ξ, η⟩/‖W‖², vertical direction W itself, P ξ = ξ − (⟨ξ, W⟩/‖W‖²) W.
+Where it is exact, found by :func:`norm_scaling_candidates` and confirmed by measuring
+(:func:`norm_scaling_bindings`: :func:`check_binding` in float64 with a ∈ {1e-2, 1e2}, tolerance 1e-10):
+(a) BERT/RoBERTa-style embeddings, z = word + position [+ token type] tables → ``embeddings.LayerNorm``:
+the three tables, exact iff that LayerNorm has eps = 0 and no other module reads the tables (a masked-LM
+decoder tied to the word table, ``get_output_embeddings()``, is refused); (b) pre-LN residual streams
+(GPT-2, ViT/DeiT, Llama-like, CLIP towers): the embeddings (CLIP vision: ``pre_layrnorm``'s affine
+parameters) and every block's output projections (attention out and MLP out, weight and bias), exact iff
+every reading norm (the blocks' ln_1/ln_2, layernorm_before/after, …, and the final norm) has eps = 0 and
+nothing reads the stream without a norm (GPT-2's LM head tied to ``wte`` is refused). A (b) binding
+shares the attention output weights with the V/O GL(h) pairs: in one perturbation space a parameter
+belongs to one symmetry, so those pairs must yield (their weights then adaptive;
+:class:`~geosharp_ref.symmetry.quotient.Quotient`). Hidden states and any
+output read before a norm scale with c: ``check_binding`` is only as strict as the ``output`` it checks.
 
-* :class:`~geosharp_ref.sharpness.factors.PairBinding` — a GL(h) attention pair group (G, H per head).
-* :class:`HeadTranslationBinding` — softmax translation of a classifier head: adding one vector v to every
-  row of the output weight W (C × d) and one constant to every bias entry leaves the class probabilities
-  unchanged, because every logit moves by the same vᵀx + c. Per input coordinate j (and the bias), the
-  column w_j = W[:, j] ∈ R^C is one block of the ``translation`` kernel (w ↦ w + a·1), batched over the
-  d + 1 columns.
-* :class:`ReLUUnitsBinding` — the positive rescaling of the hidden units of a ReLU MLP: unit j's incoming
-  row [W₁[j, :], b₁[j]] times a_j > 0 and its outgoing column W₂[:, j] divided by a_j leave the output
-  unchanged (ReLU(a z) = a ReLU(z) for a > 0; a GELU or tanh MLP has no such symmetry). Per unit this is a
-  GL(1) pair, G_j = [W₁[j, :], b₁[j]]ᵀ ∈ R^{(d+1)×1}, H_j = W₂[:, j] ∈ R^{d_out×1}, so the built-in
-  ``gl_inv`` / ``gl_mix`` kernels with h = 1, batched over the units, are its quotient geometry (the
-  positive scalars are the identity component of GL(1)).
-* :class:`LoRABinding` — a LoRA adapter ΔW = s·B A (peft's ``lora_B`` (d_out × r) and ``lora_A`` (r × d_in),
-  scaling s) depends on (B, A) only through B A, so (B R, R⁻¹ A), R ∈ GL(r), leaves the model unchanged:
-  a GL(r) pair G = B, H = Aᵀ, with ``gl_inv`` / ``gl_mix`` or any metric declared for ``gl_pair`` in a spec
-  file (``examples/lora_spec.py``). :func:`lora_bindings` finds every adapter of a peft model.
-* :class:`NormScalingBinding` — positive scaling of everything that writes into a normalisation. A
-  LayerNorm N(z) = γ ⊙ (z − μ)/√(σ² + eps) + β (RMSNorm: γ ⊙ z/√(mean z² + eps)) gives
-  N(c z) = γ ⊙ (c z − c μ)/√(c²σ² + eps) + β, which equals N(z) for every c > 0 **only when eps = 0**; with
-  eps > 0, N(c z) − N(z) ≈ (eps/2σ²)(1 − 1/c²)(N(z) − β). If every parameter that writes into z is scaled by
-  the same c and z is read only through such norms, the model is unchanged. The bound parameters,
-  flattened and concatenated, are ONE block W ∈ R^{N×1} (batch of one) of the built-in ``scaling`` kernel
-  (W ↦ a W, a > 0): g_W(ξ, η) = ⟨ξ, η⟩/‖W‖², vertical direction W itself, P ξ = ξ − (⟨ξ, W⟩/‖W‖²) W.
-  Where it is exact, found by :func:`norm_scaling_candidates` and confirmed by measuring
-  (:func:`norm_scaling_bindings`: :func:`check_binding` in float64 with a ∈ {1e-2, 1e2}, tolerance 1e-10):
-  (a) BERT/RoBERTa-style embeddings, z = word + position [+ token type] tables → ``embeddings.LayerNorm``:
-  the three tables, exact iff that LayerNorm has eps = 0 and no other module reads the tables (a masked-LM
-  decoder tied to the word table, ``get_output_embeddings()``, is refused); (b) pre-LN residual streams
-  (GPT-2, ViT/DeiT, Llama-like, CLIP towers): the embeddings (CLIP vision: ``pre_layrnorm``'s affine
-  parameters) and every block's output projections (attention out and MLP out, weight and bias), exact iff
-  every reading norm (the blocks' ln_1/ln_2, layernorm_before/after, …, and the final norm) has eps = 0 and
-  nothing reads the stream without a norm (GPT-2's LM head tied to ``wte`` is refused). A (b) binding
-  shares the attention output weights with the V/O GL(h) pairs: in one perturbation space a parameter
-  belongs to one symmetry, so those pairs must yield (their weights then adaptive). Hidden states and any
-  output read before a norm scale with c: ``check_binding`` is only as strict as the ``output`` it checks.
+* :class:`NormScalingBinding` — the binding (a :class:`~geosharp_ref.symmetry.binding.Binding`);
+* :func:`norm_scaling_candidates` — patterns (a) and (b) found by module structure;
+* :func:`norm_scaling_bindings` — the candidates measured exact (eps = 0 required), the rest refused with why.
 """
 from __future__ import annotations
 
-import copy
 from typing import NamedTuple, Optional
 
 import torch
-from torch.func import functional_call
 
 from ..kernels import load_kernels
-from ..verification.sampling import well_conditioned
+from .check import check_binding
 
-__all__ = ["HeadTranslationBinding", "ReLUUnitsBinding", "LoRABinding", "lora_bindings", "check_binding",
-           "NormScalingBinding", "NormScalingCandidate", "norm_scaling_candidates", "norm_scaling_bindings",
-           "NORM_SCALING_ELEMENTS", "POWER_OF_TWO_ELEMENTS"]
+__all__ = ["NormScalingBinding", "NormScalingCandidate", "norm_scaling_candidates", "norm_scaling_bindings",
+           "NORM_SCALING_ELEMENTS", "POWER_OF_TWO_ELEMENTS", "KIND"]
 
+#: the family's name in reports
+KIND = "norm scaling"
 
-class HeadTranslationBinding:
-    """Softmax translation of a classifier head ``weight`` (C, d) [+ ``bias`` (C,)] (see the module doc)."""
-
-    kernels = "translation"
-
-    def __init__(self, weight: str, bias: Optional[str] = None):
-        self.weight, self.bias = weight, bias
-        self.key = f"{weight}:translation"
-        self.param_names = (weight,) + ((bias,) if bias else ())
-
-    def extract(self, params) -> tuple:
-        cols = params[self.weight].mT  # (d, C): one column of W per input coordinate
-        if self.bias is not None:
-            cols = torch.cat([cols, params[self.bias][None, :]])
-        return (cols[..., None],)  # (d [+1], C, 1)
-
-    def insert(self, params, blocks) -> dict:
-        (w,) = blocks
-        w = w[..., 0]
-        out = dict(params)
-        d = params[self.weight].shape[1]
-        out[self.weight] = w[:d].mT
-        if self.bias is not None:
-            out[self.bias] = w[d]
-        return out
-
-    def random_element(self, params, scale: float = 1.0, seed: int = 0):
-        """a ∈ R^{d [+1]}: scale · N(0, 1) per column."""
-        (w,) = self.extract(params)
-        return scale * torch.randn(w.shape[0], generator=torch.Generator().manual_seed(seed), dtype=w.dtype).to(w.device)
-
-    def act(self, params, a) -> dict:
-        """ψ(a, θ): column j of the head gains a_j · 1 (a of shape (d [+1],))."""
-        (w,) = self.extract(params)
-        return self.insert(params, (w + a[:, None, None],))
-
-
-def _float64_inputs(inputs):
-    """Floating-point input tensors (a tensor or a dict of them) in float64, for the float64 copy."""
-    def cast(x):
-        return x.to(torch.float64) if torch.is_tensor(x) and x.is_floating_point() else x
-    return {k: cast(v) for k, v in inputs.items()} if isinstance(inputs, dict) else cast(inputs)
-
-
-def check_binding(model, binding, batch, output, elements, tol: float = 1e-10) -> float:
-    """Act on a float64 copy of the model with each group element and measure the largest relative change
-    of ``output(model output)``; a binding that changes it by more than ``tol`` is refused (ValueError with
-    the measured change). Returns the largest change."""
-    m = copy.deepcopy(model).to(torch.float64).eval()
-    params = {n: p.detach() for n, p in m.named_parameters()}
-    inputs = _float64_inputs(batch[0])
-
-    def run(p):
-        with torch.no_grad():
-            return output(functional_call(m, p, args=(), kwargs=inputs) if isinstance(inputs, dict)
-                          else functional_call(m, p, args=(inputs,)))
-
-    base = run(params)
-    worst = 0.0
-    for a in elements:
-        moved = run(binding.act(params, a))
-        worst = max(worst, float((moved - base).abs().max() / base.abs().max().clamp_min(1e-300)))
-    if not worst <= tol:
-        raise ValueError(f"binding {binding.key} is not a symmetry of this model: acting on it changed the "
-                         f"output by {worst:.3g} (relative, float64; tolerance {tol:g})")
-    return worst
-
-
-class ReLUUnitsBinding:
-    """The hidden units of ``in_weight`` (U, d) [+ ``in_bias`` (U,)] → ReLU → ``out_weight`` (d_out, U) as U
-    GL(1) pairs (see the module doc); ``kernels`` is ``gl_inv`` or ``gl_mix``."""
-
-    def __init__(self, in_weight: str, out_weight: str, in_bias: Optional[str] = None, metric: str = "mix"):
-        self.in_weight, self.out_weight, self.in_bias = in_weight, out_weight, in_bias
-        self.kernels = f"gl_{metric}"
-        self.key = f"{in_weight}:relu-units"
-        self.param_names = (in_weight,) + ((in_bias,) if in_bias else ()) + (out_weight,)
-
-    def extract(self, params) -> tuple:
-        rows = params[self.in_weight]
-        if self.in_bias is not None:
-            rows = torch.cat([rows, params[self.in_bias][:, None]], dim=1)
-        return rows[..., None], params[self.out_weight].mT[..., None]  # (U, d [+1], 1), (U, d_out, 1)
-
-    def insert(self, params, blocks) -> dict:
-        G, H = (b[..., 0] for b in blocks)
-        out = dict(params)
-        d = params[self.in_weight].shape[1]
-        out[self.in_weight] = G[:, :d]
-        if self.in_bias is not None:
-            out[self.in_bias] = G[:, d]
-        out[self.out_weight] = H.mT
-        return out
-
-    def random_element(self, params, scale: float = 1.0, seed: int = 0):
-        """a ∈ R^U_{>0}: scale · exp(N(0, 1)) per unit (the positive scalars, not all of GL(1))."""
-        G, _ = self.extract(params)
-        return scale * torch.exp(torch.randn(G.shape[0], generator=torch.Generator().manual_seed(seed),
-                                             dtype=G.dtype)).to(G.device)
-
-    def act(self, params, a) -> dict:
-        """Unit j scaled by a_j > 0: incoming row times a_j, outgoing column divided by a_j."""
-        G, H = self.extract(params)
-        return self.insert(params, (G * a[:, None, None], H / a[:, None, None]))
-
-
-class LoRABinding:
-    """One LoRA adapter as a GL(r) pair: G = ``lora_B`` (d_out, r), H = ``lora_A``ᵀ (d_in, r), batch of one."""
-
-    def __init__(self, a_weight: str, b_weight: str, kernels="gl_mix"):
-        self.a_weight, self.b_weight, self.kernels = a_weight, b_weight, kernels
-        self.key = f"{b_weight.rsplit('.lora_B', 1)[0]}:lora"
-        self.param_names = (b_weight, a_weight)
-
-    def extract(self, params) -> tuple:
-        return params[self.b_weight][None], params[self.a_weight].mT[None]  # (1, d_out, r), (1, d_in, r)
-
-    def insert(self, params, blocks) -> dict:
-        G, H = blocks
-        out = dict(params)
-        out[self.b_weight], out[self.a_weight] = G[0], H[0].mT
-        return out
-
-    def random_element(self, params, scale: float = 1.0, seed: int = 0):
-        """R = scale · (an r × r matrix with singular values in [1, 4])."""
-        G, _ = self.extract(params)
-        r = G.shape[-1]
-        return scale * well_conditioned((r, r), torch.Generator().manual_seed(seed), G.dtype).to(G.device)
-
-    def act(self, params, R) -> dict:
-        """(B R, R⁻¹ A) for R (r, r) invertible."""
-        G, H = self.extract(params)
-        return self.insert(params, (G @ R, H @ torch.linalg.inv(R).mT))
-
-
-def lora_bindings(model, kernels="gl_mix") -> list:
-    """A :class:`LoRABinding` for every ``lora_A.<adapter>.weight`` / ``lora_B.<adapter>.weight`` pair of the
-    model's parameters (peft's LoRA layers), in parameter order."""
-    names = [n for n, _ in model.named_parameters()]
-    found = []
-    for n in names:
-        if ".lora_A." in n and n.endswith(".weight"):
-            b = n.replace(".lora_A.", ".lora_B.")
-            if b in names:
-                found.append(LoRABinding(n, b, kernels))
-    return found
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Positive scaling of the parameters that write into a normalisation (exact only with eps = 0)
-# ---------------------------------------------------------------------------------------------------------
 
 class NormScalingBinding:
     """The parameters ``param_names`` (everything that writes into the input z of the norms ``norm_names``)

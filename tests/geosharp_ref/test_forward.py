@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
-from geosharp_ref.sharpness.loss import default_loss, model_logits
+from geosharp_ref.forward import default_loss, model_logits
 
 
 @given(batch=st.integers(1, 6), classes=st.integers(2, 7), seed=st.integers(0, 2 ** 16))

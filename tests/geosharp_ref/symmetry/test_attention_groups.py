@@ -1,4 +1,4 @@
-"""SymmetryMap and its pair groups (geosharp_ref.symmetry.groups) on real (tiny, float64) transformer models.
+"""SymmetryMap and its pair groups (geosharp_ref.symmetry.attention.groups) on real (tiny, float64) transformer models.
 
 The central property: acting with random per-head A = a·Ã (a log-uniform in [1e-2, 1e2], Ã
 orthogonal × diag[0.5, 2]) on every detected group leaves the model's outputs unchanged to 1e-8
@@ -13,6 +13,8 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 from torch.func import functional_call
+
+from geosharp_ref.precision import keep_float64
 
 from tests import cases
 from tests.cases import rel_error as _rel
@@ -64,7 +66,7 @@ def test_action_composes_as_group_action():
         assert _rel(lhs[k], rhs[k]) < 1e-12
 
 
-@pytest.mark.parametrize("name", ["bert", "gpt2", "mha-cross", "gqa-custom", "llama"])
+@pytest.mark.parametrize("name", ["bert", "gpt2", "mha-cross", "gqa-custom", "llama", "phi3"])
 def test_gradient_identity(name):
     """Invariance ⇒ Gᵀ ∇_G L = (∇_H L)ᵀ H per head (docs/MATH.md), here through extract/insert."""
     model, make_inputs, out, smap = build(name)
@@ -73,8 +75,9 @@ def test_gradient_identity(name):
     blocks = {g.key: tuple(t.requires_grad_() for t in g.extract(params)) for g in smap.groups}
     p = params
     for g in smap.groups:
-        p = g.insert(p, *blocks[g.key])
-    o = functional_call(model, p, args=(), kwargs=dict(kwargs, **cases.hidden_kw(model)))
+        p = g.insert(p, blocks[g.key])
+    with keep_float64():
+        o = functional_call(model, p, args=(), kwargs=dict(kwargs, **cases.hidden_kw(model)))
     loss = (out(o) ** 2).sum() * 1e-2
     flat = [t for gh in blocks.values() for t in gh]
     grads = torch.autograd.grad(loss, flat)
@@ -82,6 +85,10 @@ def test_gradient_identity(name):
         G, H = blocks[g.key]
         dG, dH = grads[2 * i], grads[2 * i + 1]
         lhs, rhs = G.mT @ dG, dH.mT @ H
+        if g.rotary is not None:  # invariant under the RoPE subgroup only: equal on its Lie algebra
+            from geosharp_ref.kernels import load_kernels
+            E = load_kernels(g.kernels).subalgebra_basis(g.head_dim, g.rotary[1]).matrices(DT)  # (d, h, h)
+            lhs, rhs = torch.einsum("nij,kij->nk", lhs, E), torch.einsum("nij,kij->nk", rhs, E)
         assert float((lhs - rhs).detach().norm()) <= 1e-9 * float(lhs.detach().norm()) + 1e-12, g.key
 
 
@@ -96,7 +103,7 @@ def test_extract_insert_roundtrip_and_coverage(name):
     p = params
     for g in smap.groups:
         G, H = g.extract(p)
-        q = g.insert(p, G, H)
+        q = g.insert(p, (G, H))
         assert q is not p and set(q) == set(p)
         for k in p:
             assert torch.equal(q[k], p[k]), (g.key, k)
@@ -123,7 +130,7 @@ def test_insert_composes_on_shared_parameters(name):
         G = torch.randn(g.num_heads, g.n, g.head_dim, generator=gen, dtype=DT)
         H = torch.randn(g.num_heads, g.m, g.head_dim, generator=gen, dtype=DT)
         new[g.key] = (G, H)
-        p = g.insert(p, G, H)
+        p = g.insert(p, (G, H))
     for g in smap.groups:
         G, H = g.extract(p)
         assert torch.equal(G, new[g.key][0]) and torch.equal(H, new[g.key][1])
@@ -137,7 +144,7 @@ def test_extract_insert_differentiable_no_inplace():
     snapshot = {k: v.detach().clone() for k, v in params.items()}
     g = smap.groups[1]  # vo: in_proj_weight rows 32:48 + out_proj.weight
     G, H = g.extract(params)
-    p = g.insert(params, 2 * G, 3 * H)
+    p = g.insert(params, (2 * G, 3 * H))
     loss = sum((t ** 2).sum() for t in p.values())
     loss.backward()
     w = "layers.0.self_attn.in_proj_weight"
@@ -162,3 +169,35 @@ def test_table_one_line_per_group(name):
         assert f"({g.num_heads}, {g.n}, {g.head_dim})" in text
     for key, _ in smap.refused:
         assert key in text
+
+
+# ---------------------------------------------------------------------------------------------------------
+# PairGroup is a Binding: kernels, act, random_element; the older insert(params, G, H) still works
+# ---------------------------------------------------------------------------------------------------------
+
+def test_pair_group_is_a_binding_with_its_geometry():
+    from dataclasses import replace
+
+    from geosharp_ref.symmetry import Binding
+    _, _, _, smap = build("bert")
+    g = smap.groups[0]
+    assert isinstance(g, Binding) and g.kernels == "gl_mix"
+    assert g.with_metric("inv").kernels == "gl_inv" and replace(g, kernels="gl_inv") == g.with_metric("inv")
+    assert g.with_metric("inv").key == g.key and g.kernels == "gl_mix"  # frozen: a new group
+
+
+def test_pair_group_act_is_the_map_action_and_both_insert_forms_agree():
+    model, _, _, smap = build("gpt2")
+    params = _params(model)
+    for i, g in enumerate(smap.groups):
+        A = g.random_element(params, scale=1e2, seed=i)
+        assert A.shape == (g.num_heads, g.head_dim, g.head_dim)
+        s = torch.linalg.svdvals(A / 1e2)
+        assert float(s.min()) >= 0.5 - 1e-12 and float(s.max()) <= 2 + 1e-12  # Q·diag(u), u in [0.5, 2], times a
+        by_group, by_map = g.act(params, A), smap.act(params, {g.key: A})
+        assert all(torch.equal(by_group[k], by_map[k]) for k in params)
+        G, H = g.extract(params)
+        old, new = g.insert(params, 2 * G, 3 * H), g.insert(params, (2 * G, 3 * H))
+        assert all(torch.equal(old[k], new[k]) for k in params)
+    with pytest.raises(ValueError, match="A has shape"):
+        smap.groups[0].act(params, torch.eye(2, dtype=torch.float64))

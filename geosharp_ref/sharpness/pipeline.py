@@ -1,0 +1,298 @@
+"""One evaluation, in order: validate, prepare, build the space, maximise per batch, audit.
+
+1. :class:`EvaluationOptions` — every option of an evaluation, validated once when it is made (ρ by
+   :func:`check_rho`): nothing is computed with an option that would be refused later;
+2. :func:`prepare_inputs` — the batches (pairs, finite, padded text with its mask) and the parameters
+   (finite), moved to the model's device and the evaluation dtype;
+3. :func:`build_space` — which symmetries are quotiented (:class:`~geosharp_ref.symmetry.Quotient`, the one
+   place that decides), as factors (the attention pairs as one fast
+   :class:`~geosharp_ref.sharpness.gl_factor.GLPairFactor`, every other binding as a generic
+   :class:`~geosharp_ref.sharpness.factors.Factor`) of the one :class:`~geosharp_ref.sharpness.space.ProductSpace`;
+4. :func:`evaluate` — Auto-PGD (:func:`geosharp_ref.apgd.apgd`) on each batch, or one gradient per batch for
+   the first-order measures (:func:`gradient_dual_norm`), into a
+   :class:`~geosharp_ref.sharpness.result.SharpnessResult` with the relative size of every perturbation.
+
+The entry points (:mod:`~geosharp_ref.sharpness.measures`), the command line and the studies all run this
+pipeline; benchmarks and studies that need the space alone call :func:`build_space`.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ..apgd import apgd
+from ..forward import check_finite_batch, default_loss, model_loss, to_device
+from ..kernels import check_metric
+from ..symmetry import NoAttentionPairsWarning, Quotient, symmetry_map
+from .factors import Factor
+from .gl_factor import gl_pair_factors
+from .result import SharpnessResult, relative_perturbation
+from .space import GRADIENTS, ProductSpace
+
+__all__ = ["EvaluationOptions", "check_rho", "prepare_inputs", "check_padding_mask", "build_space", "evaluate",
+           "gradient_dual_norm", "pair_factors", "MAX_RHO", "PAD_RUN", "NO_PAIRS_MESSAGE"]
+
+#: the largest radius accepted: beyond it the perturbation is larger than the weights themselves
+MAX_RHO = 10.0
+#: trailing padding tokens in one row that mark a batch as padded text (random ids rarely end in a run)
+PAD_RUN = 3
+#: the warning of a geodesic measure on a model without attention pairs and without further symmetries
+NO_PAIRS_MESSAGE = "no GL(h) attention pairs found: geodesic sharpness equals adaptive sharpness here"
+
+
+def check_rho(rho) -> float:
+    """ρ as a float if it is a positive finite number ≤ :data:`MAX_RHO`; ValueError otherwise."""
+    if isinstance(rho, bool) or not (isinstance(rho, (int, float)) and rho > 0 and math.isfinite(rho)):
+        raise ValueError(f"rho must be a positive finite number, got {rho!r}")
+    if rho > MAX_RHO:
+        raise ValueError(f"rho = {rho:g} is larger than {MAX_RHO:g}: the perturbation would be larger than the "
+                         f"weights themselves (adaptive ρ is relative to |θ|); typical radii are 1e-3 to 1")
+    return float(rho)
+
+
+@dataclass(frozen=True)
+class EvaluationOptions:
+    """Every option of one evaluation, validated when made (the one place; see the module doc).
+
+    ``metric``: None (adaptive) or the GL(h) pair metric (``"inv"``/``"mix"``); ``linearised``: ρ‖∇L‖_*
+    instead of Auto-PGD; ``n_iter``: Auto-PGD iterations (≥ 1); ``eps``: the Gram relaxation (≥ 0, paper
+    App. H.2); ``geodesic_correction``/``metric_norm``/``gradient``: the ablations (App. G) and the
+    gradient in ξ (:data:`~geosharp_ref.sharpness.space.GRADIENTS`); ``random_start``/``seed``: Auto-PGD's
+    start; ``dtype``: the evaluation dtype (None: the model's); ``exclude``: parameters not perturbed;
+    ``adaptive_offset``: c = |θ| + offset on the adaptive rest; ``fast``: the fast GL factor (False: every
+    factor generic); ``progress``: a tqdm bar over the batches; ``keep_trajectories``: f at every iterate."""
+
+    metric: Optional[str] = None
+    linearised: bool = False
+    n_iter: int = 20
+    eps: float = 0.0
+    geodesic_correction: bool = True
+    metric_norm: bool = True
+    gradient: str = "exact"
+    random_start: bool = False
+    seed: int = 0
+    dtype: Optional[torch.dtype] = None
+    exclude: tuple = ()
+    adaptive_offset: float = 0.0
+    fast: bool = True
+    progress: bool = False
+    keep_trajectories: bool = False
+
+    def __post_init__(self):
+        if self.metric is not None:
+            check_metric(self.metric)
+        if isinstance(self.n_iter, bool) or not isinstance(self.n_iter, int) or self.n_iter < 1:
+            raise ValueError(f"n_iter (Auto-PGD iterations) must be an integer of at least 1, got {self.n_iter!r}")
+        for name in ("eps", "adaptive_offset"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value)
+                                               and value >= 0):
+                raise ValueError(f"{name} must be a non-negative finite number, got {value!r}")
+        if self.gradient not in GRADIENTS:
+            raise ValueError(f"unknown gradient {self.gradient!r}; choose one of {GRADIENTS} ('exact' differentiates "
+                             "through the geodesic correction, 'perturbed' is the paper's Algorithm 1)")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if isinstance(self.exclude, str):
+            raise ValueError(f"exclude must be a list of parameter names, got the string {self.exclude!r}")
+        object.__setattr__(self, "exclude", tuple(self.exclude))
+
+    @property
+    def space_options(self) -> dict:
+        """The options of :class:`~geosharp_ref.sharpness.space.ProductSpace` among these."""
+        return dict(geodesic_correction=self.geodesic_correction, metric_norm=self.metric_norm,
+                    gradient=self.gradient, adaptive_offset=self.adaptive_offset, exclude=self.exclude)
+
+    @property
+    def measure_name(self) -> str:
+        base = "adaptive" if self.metric is None else f"geodesic-{self.metric}"
+        return base + ("-linearised" if self.linearised else "")
+
+
+def check_padding_mask(model, batches) -> None:
+    """Refuse padded text without an ``attention_mask``: a batch with ``input_ids`` of which some row ends
+    in ≥ :data:`PAD_RUN` copies of the model's padding token (``config.pad_token_id``) and no mask would let
+    the padding tokens take part in attention and silently change the result."""
+    pad = getattr(getattr(model, "config", None), "pad_token_id", None)
+    if pad is None:
+        return
+    for i, (inputs, _) in enumerate(batches):
+        if not isinstance(inputs, dict) or "attention_mask" in inputs:
+            continue
+        ids = inputs.get("input_ids")
+        if torch.is_tensor(ids) and ids.dim() >= 2 and ids.shape[-1] > PAD_RUN:
+            if bool((ids[..., -PAD_RUN:] == pad).all(-1).any()):
+                raise ValueError(f"batch {i}: input_ids are padded with the model's padding token {pad} but the "
+                                 f"inputs have no attention_mask, so the padding would change the result; add the "
+                                 f"tokenizer's attention_mask to the inputs (`geosharp data` writes it)")
+
+
+def prepare_inputs(model, batches, dtype=None):
+    """``(params, batches, device, dtype)``: the model's parameters (detached, finite, in ``dtype``; None: the
+    model's) and the batches checked (non-empty, ``(inputs, targets)`` pairs, finite, padded text with its
+    mask) and moved to the model's device (floating inputs in ``dtype``)."""
+    batches = list(batches)
+    if not batches:
+        raise ValueError("no batches given: pass at least one (inputs, targets) batch")
+    for i, b in enumerate(batches):
+        if not (isinstance(b, (tuple, list)) and len(b) == 2):
+            raise ValueError(f"batch {i} must be a pair (inputs, targets), got {type(b).__name__}")
+        check_finite_batch(b, i)
+    check_padding_mask(model, batches)
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    for n, p in params.items():
+        if p.is_floating_point() and not torch.isfinite(p).all():
+            raise ValueError(f"parameter {n!r} contains NaN or inf; sharpness is undefined")
+    device = next(iter(params.values())).device
+    dtype = dtype or next(iter(params.values())).dtype
+    params = {n: p.to(dtype) for n, p in params.items()}
+    batches = [(to_device(x, device, dtype), to_device(y, device, None)) for x, y in batches]
+    return params, batches, device, dtype
+
+
+def build_space(params, smap=None, metric=None, symmetries=None, *, model=None, batch=None, quotient=None,
+                fast: bool = True, eps: float = 0.0, **options) -> ProductSpace:
+    """The perturbation space of a model at ``params``: the one builder (see the module doc).
+
+    The symmetries quotiented are ``quotient`` (a :class:`~geosharp_ref.symmetry.Quotient`) or, without one,
+    the attention pairs of ``smap`` (a :class:`~geosharp_ref.symmetry.SymmetryMap`; None: none) under
+    ``metric`` (None: pairs adaptive) and ``symmetries`` (bindings, factors or ``"all"``: resolved on ``model``
+    and ``batch`` by :meth:`Quotient.resolve <geosharp_ref.symmetry.Quotient.resolve>` when both are given,
+    else :meth:`Quotient.assemble <geosharp_ref.symmetry.Quotient.assemble>`). The pairs become one fast
+    ``gl_<metric>`` factor, the other bindings generic factors (a :class:`Factor` given is kept as it is), the
+    rest adaptive. ``fast=False``: every factor generic. ``options``: those of
+    :class:`~geosharp_ref.sharpness.space.ProductSpace` (``geodesic_correction``, ``metric_norm``,
+    ``gradient``, ``adaptive_offset``, ``exclude``). The space keeps the quotient as ``space.quotient``."""
+    if quotient is None:
+        if model is not None and batch is not None and symmetries is not None:
+            quotient = Quotient.resolve(model, batch, metric=metric, symmetries=symmetries, smap=smap)
+        else:
+            quotient = Quotient.assemble(params, smap, metric, symmetries or ())
+    factors = pair_factors(quotient.pairs, quotient.metric, eps)
+    factors += [s if isinstance(s, Factor) else Factor(s.kernels, s, eps) for s in quotient.bindings]
+    space = ProductSpace(params, factors, quotient.adaptive_masks, fast=fast, **options)
+    space.quotient = quotient
+    return space
+
+
+def pair_factors(pairs, metric, eps: float = 0.0) -> list:
+    """The attention pairs of a quotient as factors: the GL(h) pairs (``rotary`` None, kernels ``gl_<metric>``)
+    as one fast :class:`~geosharp_ref.sharpness.gl_factor.GLPairFactor`, every other pair (a rotary Q/K pair
+    under the RoPE subgroup, kernels ``rope_<pairing>_<metric>`` with its ``kernel_options``) as a generic
+    :class:`Factor` of its own kernels (the fast factor solves the full-GL(h) Sylvester projection)."""
+    gl = [g for g in pairs if getattr(g, "rotary", None) is None]
+    other = [g for g in pairs if getattr(g, "rotary", None) is not None]
+    return (gl_pair_factors(gl, metric, eps) if gl else []) + [Factor(g.kernels, g, eps) for g in other]
+
+
+def gradient_dual_norm(model, space: ProductSpace, batch, loss_fn=default_loss) -> float:
+    """‖∇L_B(θ)‖_* = √g(grad, grad): the metric norm of the horizontal Riemannian gradient of the batch
+    loss at θ in ``space`` (the dual norm of ∇L on the horizontal space; for the adaptive space
+    ‖|θ| ⊙ ∇L‖₂). ρ‖∇L‖_* is the maximum of the loss's linearisation over the ρ-ball."""
+    xi = space.zeros()
+    _, grad = space.value_and_grad(lambda params: model_loss(model, params, batch, loss_fn))(xi)
+    return float(space.norm(space.ascent_direction(xi, grad)))
+
+
+def _quotient(model, batch, options: EvaluationOptions, smap, symmetries):
+    """The :class:`Quotient` of an evaluation: none for adaptive measures; the attention pairs of ``smap`` (or
+    of the model, with :class:`NoAttentionPairsWarning` where it has none and no further symmetry is given)
+    and ``symmetries``."""
+    if options.metric is None:
+        return Quotient.assemble(dict(model.named_parameters()), None, None)
+    if smap is None:
+        with warnings.catch_warnings():
+            if symmetries:  # no attention pairs is fine when other symmetries are quotiented
+                warnings.filterwarnings("ignore", category=NoAttentionPairsWarning)
+            smap = symmetry_map(model)
+    if not smap.groups and not symmetries:
+        warnings.warn(NO_PAIRS_MESSAGE, NoAttentionPairsWarning, stacklevel=4)
+    if symmetries is None:
+        return Quotient.assemble(dict(model.named_parameters()), smap, options.metric)
+    return Quotient.resolve(model, batch, metric=options.metric, symmetries=symmetries, smap=smap)
+
+
+def evaluate(model, batches, rho, options: EvaluationOptions = EvaluationOptions(), *, smap=None, symmetries=None,
+             loss_fn=default_loss, measure: Optional[str] = None) -> SharpnessResult:
+    """Sharpness of ``model`` on ``batches`` at radius ``rho`` under ``options`` (the whole pipeline, see the
+    module doc): Auto-PGD per batch, or ρ‖∇L_B‖_* per batch when ``options.linearised``. ``smap``: the
+    attention pairs (default: detected); ``symmetries``: further symmetries (None: the attention pairs alone).
+    ``measure``: the name recorded (default :attr:`EvaluationOptions.measure_name`)."""
+    rho = check_rho(rho)
+    t0 = time.perf_counter()
+    params, batches, _, dtype = prepare_inputs(model, batches, options.dtype)
+    if dtype != next(model.parameters()).dtype:
+        model = copy.deepcopy(model).to(dtype)
+    quotient = _quotient(model, batches[0], options, smap, symmetries)
+    space = build_space(params, quotient=quotient, fast=options.fast, eps=options.eps, **options.space_options)
+    name = measure or options.measure_name
+    was_training = model.training
+    model.eval()
+    try:
+        run = _linearised if options.linearised else _maximised
+        out = run(model, space, params, batches, rho, options, loss_fn, name)
+    finally:
+        model.train(was_training)
+    groups = quotient.pairs
+    config = dict(metric=options.metric, eps=options.eps, dtype=str(dtype), pairs=len(groups),
+                  heads=sum(g.num_heads for g in groups))
+    if options.linearised:
+        config["gradient_dual_norms"] = out.pop("norms")
+    else:
+        config = dict(metric=options.metric, n_iter=options.n_iter, eps=options.eps,
+                      geodesic_correction=options.geodesic_correction, gradient=options.gradient,
+                      metric_norm=options.metric_norm, random_start=options.random_start, seed=options.seed,
+                      dtype=str(dtype), pairs=len(groups), heads=sum(g.num_heads for g in groups),
+                      adaptive_params=len(space.adaptive_names),
+                      factors=space.factor_keys if symmetries is not None else None,
+                      yielded=[list(y) for y in quotient.yielded])
+    per = out["per_batch"]
+    return SharpnessResult(measure=name, rho=rho, mean=sum(per) / len(per), seconds=time.perf_counter() - t0,
+                           config=config, **out)
+
+
+def _maximised(model, space, params, batches, rho, options, loss_fn, name) -> dict:
+    """Auto-PGD on every batch: the per-batch fields of a :class:`SharpnessResult`."""
+    gen = torch.Generator().manual_seed(options.seed)
+    out = dict(per_batch=[], loss_before=[], loss_after=[], perturbation_norms=[], trajectories=[],
+               relative_size=[], relative_size_groups=[])
+    pair_params = space.covered
+    with torch.no_grad():  # L(θ) of every batch first: bad targets are refused before any progress bar
+        losses = [float(model_loss(model, params, batch, loss_fn)) for batch in batches]
+    iterator = zip(batches, losses)
+    if options.progress:
+        from tqdm.auto import tqdm
+        iterator = tqdm(iterator, total=len(batches), desc=f"{name} sharpness", unit="batch")
+    for batch, l0 in iterator:
+        f_and_grad = space.value_and_grad(lambda p, batch=batch: model_loss(model, p, batch, loss_fn))
+        res = apgd(f_and_grad, space, rho, n_iter=options.n_iter, random_start=options.random_start, generator=gen)
+        best = max(res.best_value, l0)
+        raised = res.best_value >= l0
+        out["per_batch"].append(best - l0)
+        out["loss_before"].append(l0)
+        out["loss_after"].append(best)
+        out["perturbation_norms"].append(space.norm(res.best_xi) if raised else 0.0)
+        with torch.no_grad():
+            rel = relative_perturbation(params, space.perturbed_params(res.best_xi) if raised else params,
+                                        pair_params)
+        out["relative_size"].append(rel["overall"])
+        out["relative_size_groups"].append({k: v for k, v in rel.items() if k != "overall"})
+        if options.keep_trajectories:
+            out["trajectories"].append(res.values)
+    return out
+
+
+def _linearised(model, space, params, batches, rho, options, loss_fn, name) -> dict:
+    """ρ‖∇L_B(θ)‖_* on every batch (one gradient each): the per-batch fields of a :class:`SharpnessResult`."""
+    norms = [gradient_dual_norm(model, space, b, loss_fn) for b in batches]
+    with torch.no_grad():
+        before = [float(model_loss(model, params, b, loss_fn)) for b in batches]
+    per = [rho * g for g in norms]
+    return dict(per_batch=per, loss_before=before, loss_after=[b + v for b, v in zip(before, per)],
+                perturbation_norms=[float(rho)] * len(per), norms=norms)

@@ -1,0 +1,87 @@
+"""Files the tests write and read: a legacy-format saved directory (:func:`save_bin`), a saved BERT backbone,
+the settings and file helpers of a tiny vision population (``POPULATION_*``, :func:`copy_population`,
+:func:`jsonl`, :func:`subprocess_env`) and :func:`quiet_transformers`."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from .models import ROOT, hf_transformers
+
+
+# ---------------------------------------------------------------------------------------------
+# Saved directories
+# ---------------------------------------------------------------------------------------------
+
+def save_bin(model, d: Path, state=None):
+    """A Hugging Face directory with a legacy ``pytorch_model.bin`` (``state`` replaces the weights)."""
+    d.mkdir(parents=True)
+    model.config.save_pretrained(d)
+    torch.save(model.state_dict() if state is None else state, d / "pytorch_model.bin")
+
+
+# ---------------------------------------------------------------------------------------------
+# A tiny vision population (geosharp_ref.studies.population: tiny ViTs on sklearn digits)
+# ---------------------------------------------------------------------------------------------
+
+POPULATION_MODELS = 4
+#: training settings small enough for CI
+POPULATION_TRAIN = dict(n_models=POPULATION_MODELS, epochs_max=2, train_size_max=160, workers=1, progress=False)
+#: evaluation settings small enough for CI; a ρ sweep of two values
+POPULATION_EVAL = dict(rhos=(0.01, 0.05), n_batches=2, batch_size=16, n_iter=3, progress=False)
+#: the same evaluation settings as command-line arguments
+POPULATION_EVAL_ARGS = ["--rho", "0.01", "0.05", "--batches", "2", "--batch-size", "16", "--iters", "3",
+                        "--no-progress"]
+
+
+def copy_population(src, parent, results=False):
+    """A copy of the population directory ``src`` as ``parent/vit`` (without its evaluation results unless
+    ``results``)."""
+    dst = Path(parent) / "vit"
+    shutil.copytree(src, dst, ignore=None if results else shutil.ignore_patterns("results*", "evaluation.json",
+                                                                                  "correlation*"))
+    return dst
+
+
+def jsonl(path):
+    """The records of a JSON-lines file."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def subprocess_env(**extra):
+    """The environment of a child ``python -m geosharp_ref.cli ...``: this checkout first on the path, one
+    thread, no progress bars, no inherited torchrun rank."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TQDM_DISABLE="1", **extra)
+    env.pop("WORLD_SIZE", None)
+    return env
+
+
+def save_bert_backbone(path, vocab_size=50, max_position_embeddings=32, tokenizer_from=None, seed=0):
+    """A tiny 2-layer ``BertModel`` (no task head, ``architectures: ["BertModel"]``) saved to ``path``, with
+    the tokenizer of ``tokenizer_from`` saved beside it when given (a checkpoint in the format of the
+    packaged all-MiniLM-L6-v2)."""
+    tf = hf_transformers()
+    torch.manual_seed(seed)
+    cfg = tf.BertConfig(vocab_size=vocab_size, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=max_position_embeddings,
+                        architectures=["BertModel"])
+    tf.BertModel(cfg).save_pretrained(path)
+    if tokenizer_from is not None:
+        tf.AutoTokenizer.from_pretrained(str(tokenizer_from), local_files_only=True).save_pretrained(path)
+    return Path(path)
+
+
+def quiet_transformers():
+    """transformers with its logging at ERROR (no load reports in test output); skips without it."""
+    import logging
+
+    import pytest
+
+    tf = pytest.importorskip("transformers")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    tf.logging.set_verbosity_error()
+    return tf
