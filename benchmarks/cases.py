@@ -28,7 +28,19 @@ ROOT = Path(__file__).resolve().parent.parent
 #: the command-line entry; case 5 runs ``RUNNER --memory-child MEASURE ...`` once per measurement
 RUNNER = Path(__file__).resolve().with_name("run.py")
 #: the models of case 1, as the report names them
-MODEL_NAMES = dict(bert="BERT-base (batch 8, seq 128)", vit="ViT-B/16 (batch 8, 224²)")
+MODEL_NAMES = dict(bert="BERT-base (batch 8, seq 128)", vit="ViT-B/16 (batch 8, 224²)",
+                   llama="Llama-shaped, SmolLM2-135M layer shape, 6 layers, vocab 8192 (batch 8, seq 128)")
+#: the Llama-shaped model of case 1c (``make_model("llama", ...)``, full mode): SmolLM2-135M's layer shape
+#: (hidden 576, 9 query heads over 3 KV heads of dimension 64, SwiGLU 1536, RoPE rotate-half, RMSNorm) with
+#: 6 of its 30 layers and a vocabulary of 8192 instead of 49152, so that the embedding holds about the share
+#: of the parameters it holds in the 30-layer model (18 % here, 21 % there) and one iteration stays a few
+#: seconds of CPU time; a sequence-classification head (2 labels, last token) on batch 8 × seq 128
+LLAMA_CONFIG = dict(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                    intermediate_size=1536, num_hidden_layers=6, vocab_size=8192, max_position_embeddings=2048,
+                    rms_norm_eps=1e-5, rope_theta=100000.0)
+#: its tiny version (quick mode): 6 query heads over 2 KV heads of dimension 4
+LLAMA_QUICK_CONFIG = dict(hidden_size=24, num_attention_heads=6, num_key_value_heads=2, head_dim=4,
+                          intermediate_size=40, num_hidden_layers=2, vocab_size=100, max_position_embeddings=64)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -36,7 +48,8 @@ MODEL_NAMES = dict(bert="BERT-base (batch 8, seq 128)", vit="ViT-B/16 (batch 8, 
 # ------------------------------------------------------------------------------------------------
 
 def make_model(kind: str, quick: bool, batch: int, seed: int = 0, vit_patch: int | None = None):
-    """Random-weight BERT-base / ViT-B (or tiny versions in quick mode) and one batch."""
+    """Random-weight BERT-base / ViT-B / a Llama-shaped decoder (:data:`LLAMA_CONFIG`; tiny versions in quick
+    mode) and one batch."""
     from transformers import (BertConfig, BertForSequenceClassification, ViTConfig,
                               ViTForImageClassification)
     torch.manual_seed(seed)
@@ -60,6 +73,15 @@ def make_model(kind: str, quick: bool, batch: int, seed: int = 0, vit_patch: int
         model = ViTForImageClassification(cfg)
         x = {"pixel_values": torch.randn(batch, cfg.num_channels, cfg.image_size, cfg.image_size,
                                          generator=g)}
+        y = torch.randint(0, cfg.num_labels, (batch,), generator=g)
+    elif kind == "llama":  # GQA, RoPE (rotate-half), SwiGLU, RMSNorm; eager attention, built offline from config
+        from transformers import LlamaConfig, LlamaForSequenceClassification
+        cfg = LlamaConfig(**(LLAMA_QUICK_CONFIG if quick else LLAMA_CONFIG), num_labels=2, pad_token_id=0,
+                          bos_token_id=1, eos_token_id=2)
+        cfg._attn_implementation = "eager"
+        model = LlamaForSequenceClassification(cfg)
+        seq = 128 if not quick else 16
+        x = {"input_ids": torch.randint(3, cfg.vocab_size, (batch, seq), generator=g)}  # no padding token
         y = torch.randint(0, cfg.num_labels, (batch,), generator=g)
     else:
         raise ValueError(kind)
@@ -90,14 +112,24 @@ ITERATION_MEASURES = ("adaptive", "geodesic-mix", "geodesic-inv", "geodesic-mix-
                       "generic-mix-all")
 #: the per-iteration cost targets of case 1 (ratio to adaptive in the same run)
 ITERATION_TARGETS = {"geodesic-mix": 1.10, "geodesic-inv": 1.25, "geodesic-mix-perturbed": 1.10,
-                     "generic-mix": 1.25, "generic-mix-all": 1.5}
+                     "generic-mix": 1.25, "generic-mix-all": 1.5, "geodesic-mix-all": 1.25}
+#: the measures of case 1c (the Llama-shaped decoder, :func:`case_iteration_llama`): adaptive; ``geodesic-mix``,
+#: the attention pairs alone (V/O through the fast GL factor, RoPE Q/K as generic ``rope_half_mix`` factors);
+#: ``geodesic-mix-all``, ``geodesic_sharpness(..., symmetries="all")``'s space (the pairs plus every built-in
+#: the library finds and checks on the model: SwiGLU unit rescaling per layer, the head's softmax translation)
+LLAMA_MEASURES = ("adaptive", "geodesic-mix", "geodesic-mix-all")
+#: the per-iteration target of case 1c (issue 30): everything quotiented / adaptive
+LLAMA_TARGET = 1.25
 
 
 def iteration_setup(model, batch, measure, rho=0.05, seed=0):
     """(space, f_and_grad, x, g) exactly as ``geosharp_ref.sharpness.pipeline.evaluate`` builds them: the
     space from :func:`geosharp_ref.sharpness.build_space`. ``generic-<metric>`` rows: every factor generic
     (``fast=False``: one generated ``gl_<metric>`` factor per pair group, no GL fast hooks), with
-    ``symmetries=[]`` or, for ``-all``, every symmetry the library binds."""
+    ``symmetries=[]`` or, for ``-all``, every symmetry the library binds. ``geodesic-mix-all``: the space of
+    ``geodesic_sharpness(..., metric="mix", symmetries="all")`` (:meth:`Quotient.resolve
+    <geosharp_ref.symmetry.Quotient.resolve>` with ``"all"``, checked on the first two examples as in
+    :func:`all_symmetries`; fast hooks on)."""
     from geosharp_ref.sharpness import build_space, default_loss, model_loss, prepare_inputs
     from geosharp_ref.symmetry import symmetry_map
 
@@ -109,6 +141,15 @@ def iteration_setup(model, batch, measure, rho=0.05, seed=0):
         space = build_space(params, symmetry_map(model), metric, symmetries, fast=False)
     elif measure == "adaptive":
         space = build_space(params, None)
+    elif measure.endswith("-all"):  # geodesic_sharpness(..., symmetries="all"): the pairs + every built-in found
+        from geosharp_ref.symmetry import Quotient
+        inputs, targets = batch  # checked on 2 examples (token inputs: their first 32 tokens; the checks run
+        # in float64 on a copy of the model, and a symmetry of the model is one on any input)
+        small = ({k: v[:2, :32] if k in _TOKEN_INPUTS else v[:2] for k, v in inputs.items()}
+                 if isinstance(inputs, dict) else inputs[:2], targets[:2])
+        quotient = Quotient.resolve(model, small, metric=measure.split("-")[1], symmetries="all",
+                                    smap=symmetry_map(model))
+        space = build_space(params, quotient=quotient)
     else:
         space = build_space(params, symmetry_map(model), measure.split("-")[1],
                             gradient="perturbed" if measure.endswith("-perturbed") else "exact")
@@ -116,6 +157,10 @@ def iteration_setup(model, batch, measure, rho=0.05, seed=0):
     gen = torch.Generator().manual_seed(seed)
     x = space.project(space.random(rho, gen), rho)
     return space, f_and_grad, x, rho
+
+
+#: the token inputs whose sequence dimension the symmetry checks of ``geodesic-mix-all`` shorten
+_TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def _one_iteration(state, split):
@@ -150,20 +195,22 @@ def case_iteration(quick: bool, device, reps: int, kinds=("bert", "vit"), measur
     #: result key of each ratio (the report's columns): mix, inv, mix_perturbed, generic, generic_all
     keys = {m: k for m, k in (("geodesic-mix", "mix"), ("geodesic-inv", "inv"),
                               ("geodesic-mix-perturbed", "mix_perturbed"), ("generic-mix", "generic"),
-                              ("generic-mix-all", "generic_all")) if m in measures}
+                              ("generic-mix-all", "generic_all"), ("geodesic-mix-all", "mix_all"))
+            if m in measures}
     out = {}
     for kind in kinds:
         model, batch = make_model(kind, quick, batch=8 if not quick else 2)
         model = model.to(device)
         batch = ({k: v.to(device) for k, v in batch[0].items()}, batch[1].to(device))
-        states, splits, factors = {}, {}, {}
+        states, splits, factors, quotiented = {}, {}, {}, {}
         for m in measures:
             space, fg, x, rho = iteration_setup(model, batch, m)
             _, g = fg(x)
             states[m] = [space, fg, x, rho, g, space.inner(x, x)]
             splits[m] = []
-            if m.startswith("generic-"):  # the generic rows: which groups they quotient
+            if m != "adaptive":  # which groups each measure quotients, and their share of the parameters
                 factors[m] = space.factor_keys
+                quotiented[m] = _quotiented_fraction(space, model)
         fns = {m: (lambda m=m: _one_iteration(states[m], splits[m])) for m in measures}
         # untimed iterations first, as the start of any Auto-PGD run: until the heap has grown to its
         # steady size, an iteration page-faults hundreds of MB in (about 1 s of system time on BERT-base)
@@ -186,11 +233,26 @@ def case_iteration(quick: bool, device, reps: int, kinds=("bert", "vit"), measur
             warmup=warmup,
             cpu={k: ratio_stats(cpu[m], cpu["adaptive"]) for m, k in keys.items()},
             factors=factors,
+            quotiented=quotiented,
         )
         if "generic-mix" in measures and "geodesic-mix" in measures:  # the generic path vs the fast path
             out[kind]["generic_over_mix"] = ratio_stats(times["generic-mix"], times["geodesic-mix"])
         del states, model
     return out
+
+
+def _quotiented_fraction(space, model) -> float:
+    """The share of the model's parameters that some quotiented symmetry covers (1 − the adaptive share)."""
+    masks = space.quotient.adaptive_masks
+    named = dict(model.named_parameters())
+    adaptive = sum(named[k].numel() if m is None else int(m.sum()) for k, m in masks.items() if k in named)
+    return 1.0 - adaptive / sum(p.numel() for p in named.values())
+
+
+def case_iteration_llama(quick: bool, device, reps: int) -> dict:
+    """Case 1c: one Auto-PGD iteration on the Llama-shaped decoder (:data:`LLAMA_CONFIG`) for
+    :data:`LLAMA_MEASURES`, timed like case 1 (:func:`case_iteration`)."""
+    return case_iteration(quick, device, reps, kinds=("llama",), measures=LLAMA_MEASURES)
 
 
 # ------------------------------------------------------------------------------------------------

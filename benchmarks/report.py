@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 
-from benchmarks.cases import ITERATION_TARGETS, MODEL_NAMES
+from benchmarks.cases import ITERATION_TARGETS, LLAMA_TARGET, MODEL_NAMES
 
 
 def fmt_ratio(s: dict) -> str:
@@ -86,6 +86,62 @@ def _generic_rows(iteration: dict) -> list:
     return L
 
 
+def _summarise_keys(keys) -> str:
+    """Factor keys summarised by kind: ``6 × qk, 6 × vo, 6 × gated-units, 1 × translation``."""
+    counts = {}
+    for k in keys:
+        kind = k.rsplit(":", 1)[-1]
+        counts[kind] = counts.get(kind, 0) + 1
+    return ", ".join(f"{n} × {kind}" for kind, n in counts.items())
+
+
+def _llama_rows(iteration: dict) -> list:
+    """Case 1c: the Llama-shaped decoder (GQA, RoPE, SwiGLU), the attention pairs alone and everything
+    quotiented (``symmetries="all"``) per Auto-PGD iteration, as ratios to adaptive in one interleaved loop."""
+    L = ["## 1c. One Auto-PGD iteration on a Llama-shaped decoder (GQA, RoPE, SwiGLU), random weights",
+         "",
+         "`geodesic-mix`: the attention pairs alone (V/O through the fast GL factor, RoPE Q/K as generic "
+         "`rope_half_mix` factors, per KV head); `geodesic-mix-all`: the space of `geodesic_sharpness(..., "
+         "symmetries=\"all\")` (`Quotient.resolve(..., symmetries=\"all\")`: the pairs plus every built-in "
+         "found and checked on the model). Target: all/adaptive ≤ "
+         f"{LLAMA_TARGET:g} (issue 30).",
+         "",
+         "| model | params | quotiented: pairs / all (share of parameters) | adaptive | geodesic-mix (pairs) | "
+         f"geodesic-mix-all | pairs/adaptive | all/adaptive (≤ {LLAMA_TARGET:g}) | all, best-of | all, by CPU time | "
+         "geometry-step time a / pairs / all | matmul GFLOP a / pairs / all (ratios) | "
+         "page faults per iteration a / pairs / all |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    ms = ("adaptive", "geodesic-mix", "geodesic-mix-all")
+    for kind, r in iteration.items():
+        t, gm, f = r["times"], r["geometry"], r.get("flops") or {}
+        fac, q = r.get("factors", {}), r.get("quotiented", {})
+        quot = " / ".join(f"{_summarise_keys(fac[m])} ({q[m]:.1%})" if m in fac and m in q else "—"
+                          for m in ms[1:])
+        pairs = (f"{fmt_ratio(r['mix'])} (best-of {r['mix']['best']:.3f}, CPU {fmt_ratio(r['cpu']['mix'])})"
+                 if "mix" in r else "—")
+        if "mix_all" in r:
+            a = r["mix_all"]
+            allc = (f"{fmt_ratio(a)} {verdict(a['median'], LLAMA_TARGET)} | {a['best']:.3f} "
+                    f"{verdict(a['best'], LLAMA_TARGET)} | {fmt_ratio(r['cpu']['mix_all'])} "
+                    f"{verdict(r['cpu']['mix_all']['median'], LLAMA_TARGET)}")
+        else:
+            allc = "— | — | —"
+        flops = (" / ".join(f"{f[m] / 1e9:.4g}" if m in f else "—" for m in ms) + " (" +
+                 ", ".join(f"{f[m] / f['adaptive']:.3f}" if m in f else "—" for m in ms[1:]) + ")"
+                 if f.get("adaptive") else "—")
+        faults = r.get("page_faults") or {}
+        L.append(f"| {MODEL_NAMES[kind]} | {r['params'] / 1e6:.1f} M | {quot} | "
+                 + " | ".join(fmt_t(t[m]) if m in t else "—" for m in ms) + f" | {pairs} | {allc} | "
+                 + " / ".join(fmt_t(gm[m]) if m in gm else "—" for m in ms) + f" | {flops} | "
+                 + " / ".join(f"{statistics.median(faults[m]):.0f}" if m in faults else "—" for m in ms) + " |")
+    L.append("")
+    L.append(f"Timed as section 1 ({next(iter(iteration.values())).get('warmup', 0)} untimed iterations per "
+             "measure first; ratios median [min–max] over interleaved repetitions; best-of and CPU-time ratios "
+             "as there).")
+    L.append("")
+    return L
+
+
 def render(info: dict, res: dict, quick: bool, elapsed: float) -> str:
     """The markdown report: ``info`` from :func:`benchmarks.harness.machine_info`, ``res`` case name -> the
     dict its ``case_*`` function returned (absent cases leave their section out), ``elapsed`` seconds."""
@@ -147,6 +203,8 @@ def render(info: dict, res: dict, quick: bool, elapsed: float) -> str:
                  "the process heap grows to its working size, page-faulting fresh memory in); page faults: "
                  "median minor page faults per timed iteration (0: steady state, nothing mapped anew).")
         L.append("")
+    if "iteration-llama" in res:
+        L += _llama_rows(res["iteration-llama"])
     if "geometry" in res:
         r = res["geometry"]
         L.append(f"## 2. Geometry alone: horizontal projection of {r['pairs']} pairs (float64; float32 rows "

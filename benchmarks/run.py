@@ -9,7 +9,9 @@ median [min–max] over repetitions. Cases:
 
 1. one Auto-PGD iteration (ascent direction = Riemannian gradient + horizontal projection, metric
    norm, two radial clips, then forward + backward through the perturbed model) on BERT-base /
-   ViT-B-sized random models: geodesic/adaptive ratios;
+   ViT-B-sized random models: geodesic/adaptive ratios; ``iteration-llama`` (section 1c): the same on a
+   Llama-shaped decoder (GQA, RoPE, SwiGLU: SmolLM2-135M's layer shape, 6 layers), the attention pairs and
+   everything quotiented (``symmetries="all"``) vs adaptive;
 2. geometry alone for 288 GL(h) pairs: batched torch Sylvester projection (with and without the
    per-base-point factorisation) vs a scipy loop, vs mix;
 3. generated kernels vs hand-written torch of the same formulas;
@@ -35,7 +37,8 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from benchmarks.cases import case_cuda_full, case_derive, case_iteration, case_memory, memory_child  # noqa: E402
+from benchmarks.cases import (case_cuda_full, case_derive, case_iteration, case_iteration_llama,  # noqa: E402
+                              case_memory, memory_child)
 from benchmarks.geometry_cases import case_geometry, case_kernels  # noqa: E402
 from benchmarks.harness import machine_info  # noqa: E402
 from benchmarks.report import render  # noqa: E402
@@ -48,7 +51,8 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="tiny sizes (smoke test); writes to a temp path")
     ap.add_argument("--out", type=Path, default=None, help="markdown output (default: RESULTS.md, "
                                                             "or a temp file with --quick)")
-    ap.add_argument("--cases", default="iteration,geometry,kernels,derive,memory,cuda")
+    ap.add_argument("--cases", default="iteration,iteration-llama,geometry,kernels,derive,memory,cuda",
+                    help="comma-separated: iteration, iteration-llama, geometry, kernels, derive, memory, cuda")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--json", type=Path, default=None, help="also write the raw results as JSON")
@@ -83,6 +87,7 @@ def main(argv=None):
             print(f"[bench] {name} done in {time.perf_counter() - t:.1f} s", flush=True)
 
     run("iteration", case_iteration, q, device, a.reps or (2 if q else 7))
+    run("iteration-llama", case_iteration_llama, q, device, a.reps or (2 if q else 7))
     run("geometry", case_geometry, q, device, a.reps or (3 if q else 7))
     run("kernels", case_kernels, q, device, a.reps or (3 if q else 15))
     run("derive", case_derive, q)

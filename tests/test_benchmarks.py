@@ -1,7 +1,8 @@
 """Keeps benchmarks/run.py from rotting: the quick mode (tiny sizes) runs end to end, writes its report
 to a temp path (never over benchmarks/RESULTS.md), the generic rows of case 1 (ProductSpace with the fast hooks
-off: attention pairs alone and every applicable symmetry) give finite ratios, and the stacked buckets of
-the fast GL factor give the same sharpness as one bucket per group."""
+off: attention pairs alone and every applicable symmetry) and the Llama-shaped rows of case 1c (RoPE Q/K,
+V/O and gated units quotiented) give finite ratios, and the stacked buckets of the fast GL factor give the
+same sharpness as one bucket per group."""
 import math
 import subprocess
 import sys
@@ -25,14 +26,16 @@ def test_bench_quick_runs_and_writes_report(tmp_path):
     before = results.read_bytes() if results.exists() else None
     out = tmp_path / "quick.md"
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--device", "cpu",
-                        "--cases", "iteration,geometry,kernels,memory,cuda", "--out", str(out)],
+                        "--cases", "iteration,iteration-llama,geometry,kernels,memory,cuda", "--out", str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     text = out.read_text()
     for section in ("Machine", "One Auto-PGD iteration", "Geometry alone", "Generated kernels",
                     "Peak memory", "Full evaluation on cpu", "Arithmetic floors", "torch: ",
                     "page faults per iteration", "first runs 0 untimed iterations", "The generic path",
-                    "generic/adaptive (≤ 1.25)", "all/adaptive (≤ 1.5)", "(+ classifier.weight:translation)"):
+                    "generic/adaptive (≤ 1.25)", "all/adaptive (≤ 1.5)", "(+ classifier.weight:translation)",
+                    "1c. One Auto-PGD iteration on a Llama-shaped decoder", "all/adaptive (≤ 1.25)",
+                    "2 × vo, 2 × qk, 2 × gated-units, 1 × translation"):
         assert section in text
     assert (results.read_bytes() if results.exists() else None) == before
 
@@ -116,3 +119,30 @@ def _tokens():
 def test_all_symmetries_are_the_ones_the_library_binds(build, batch, expected):
     from benchmarks.cases import all_symmetries
     assert [b.key for b in all_symmetries(build(), batch())] == expected
+
+
+def test_llama_rows_quotient_rope_vo_and_gated_units():
+    """Case 1c on the tiny Llama-shaped decoder (GQA 6 over 2 heads, RoPE, SwiGLU): ``geodesic-mix`` quotients
+    the pairs (RoPE Q/K as ``rope_half_mix``, V/O as ``gl_mix``), ``geodesic-mix-all`` also the gated units of
+    every layer and the head's translation (what ``symmetries="all"`` resolves); finite ratios to adaptive and
+    the report's row with the ≤ 1.25 target."""
+    from benchmarks.cases import LLAMA_MEASURES, ITERATION_TARGETS, case_iteration_llama, iteration_setup, make_model
+    from benchmarks.report import render
+    from geosharp_ref.sharpness import prepare_inputs
+    assert ITERATION_TARGETS["geodesic-mix-all"] == 1.25 and LLAMA_MEASURES[0] == "adaptive"
+    model, batch = make_model("llama", True, batch=2)
+    _, batches, _, _ = prepare_inputs(model, [batch])
+    space = iteration_setup(model, batches[0], "geodesic-mix-all")[0]
+    q = space.quotient
+    layers = model.config.num_hidden_layers
+    assert sorted(p.kernels for p in q.pairs) == ["gl_mix"] * layers + ["rope_half_mix"] * layers
+    assert [b.key for b in q.bindings] == [f"model.layers.{i}.mlp.up_proj.weight:gated-units"
+                                          for i in range(layers)] + ["score.weight:translation"]
+    res = case_iteration_llama(True, torch.device("cpu"), 1)
+    r = res["llama"]
+    for key in ("mix", "mix_all"):
+        assert math.isfinite(r[key]["median"]) and r[key]["median"] > 0 and math.isfinite(r["cpu"][key]["median"])
+    assert 0 < r["quotiented"]["geodesic-mix"] < r["quotiented"]["geodesic-mix-all"] < 1
+    assert r["flops"]["adaptive"] < r["flops"]["geodesic-mix"] < r["flops"]["geodesic-mix-all"]
+    text = render({"cpu": "test"}, {"iteration-llama": res}, True, 0.0)
+    assert "all/adaptive (≤ 1.25)" in text and "2 × gated-units" in text and "2 × qk" in text

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..io.datasets import DEFAULT_MAX_LENGTH, image_dataset, text_dataset
 from ..io.durable import save_torch_atomic
+from ..io.lm_data import lm_dataset
 
 __all__ = ["run"]
 
@@ -19,9 +20,21 @@ def _option(name: str) -> str:
 
 def _check_args(args) -> Path:
     if (args.text is None) == (args.images is None):
-        raise ValueError("give exactly one of --text FILE (a .csv/.tsv/.jsonl table) and --images DIR "
+        raise ValueError("give exactly one of --text FILE (a .csv/.tsv/.jsonl table, or .txt with --lm) and --images DIR "
                          f"(one sub-folder per class), got {'both' if args.text is not None else 'neither'}")
-    if args.images is not None:
+    lm = getattr(args, "lm", None)
+    if getattr(args, "seed", None) is not None and lm != "masked":
+        raise ValueError("--seed applies only to --lm masked (it draws the masked positions)")
+    if lm is not None:
+        if args.images is not None:
+            raise ValueError("--lm applies only to --text (language-model data is built from text)")
+        given = [_option(k) for k in ("label_column", "labels", "text_pair_column") if getattr(args, k) is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} do not apply to --lm {lm} (the targets are the tokens "
+                             f"themselves, not class labels)")
+        if args.max_length is not None and args.max_length < 2:
+            raise ValueError(f"--max-length must be at least 2, got {args.max_length}")
+    elif args.images is not None:
         given = [_option(k) for k in TEXT_OPTIONS if getattr(args, k) is not None]
         if given:
             raise ValueError(f"{', '.join(given)} apply only to --text (with --images the class names are the "
@@ -38,7 +51,31 @@ def _check_args(args) -> Path:
     return out
 
 
+def _describe_lm(summary: dict, out: Path) -> None:
+    n, L = summary["examples"], summary["max_length"]
+    print(f"built {out}: {n} documents from {summary['source']} for a {summary['objective']} language model")
+    src = f"column {summary['text_column']}" if summary["text_column"] else "one document per line"
+    pad = " (no pad token: padded with eos)" if summary["padding"] == "eos" else ""
+    print(f"  text      : {src}; tokenizer {summary['tokenizer']} of {summary['model_dir']}{pad}")
+    print(f"  max length: {L} tokens (right-padded); longest document {summary['longest']} tokens")
+    print(f"  truncated : {summary['truncated']} of {n} documents longer than {L} tokens "
+          f"(truncation rate {summary['truncation_rate']:.1%})")
+    shapes = ", ".join(f"{k} {tuple(v)}" for k, v in summary["shapes"].items())
+    print(f"  inputs    : {shapes}")
+    if summary["objective"] == "causal":
+        how = "the next token at each position; -100 on padding and on the last position"
+    else:
+        how = (f"the original token at {summary['mask_prob']:.0%} of the non-special tokens (seed {summary['seed']}; "
+               f"80 % mask token, 10 % random, 10 % kept); -100 elsewhere")
+    print(f"  targets   : {tuple(summary['shapes']['input_ids'])}, {summary['targets']} of {summary['tokens']} "
+          f"tokens scored: {how}")
+    for w in summary["warnings"]:
+        print(f"geosharp: warning: {w}", file=sys.stderr)
+
+
 def _describe(summary: dict, out: Path) -> None:
+    if summary["kind"] == "lm":
+        return _describe_lm(summary, out)
     n = summary["examples"]
     print(f"built {out}: {n} {'text' if summary['kind'] == 'text' else 'image'} examples from {summary['source']}")
     if summary["kind"] == "text":
@@ -69,8 +106,11 @@ def _describe(summary: dict, out: Path) -> None:
 def run(args) -> int:
     """``geosharp data``: build the data file, write it atomically, print what it holds."""
     out = _check_args(args)
-    if args.text is not None:
-        max_length = DEFAULT_MAX_LENGTH if args.max_length is None else args.max_length
+    max_length = DEFAULT_MAX_LENGTH if args.max_length is None else args.max_length
+    if getattr(args, "lm", None) is not None:
+        data, summary = lm_dataset(args.model_dir, args.text, args.lm, text_column=args.text_column,
+                                   max_length=max_length, seed=0 if args.seed is None else args.seed)
+    elif args.text is not None:
         data, summary = text_dataset(args.model_dir, args.text, args.text_column, args.label_column,
                                      text_pair_column=args.text_pair_column, max_length=max_length,
                                      labels=args.labels)

@@ -198,12 +198,26 @@ def _add_data(sub):
                                    "folders are the class indices; MODEL_DIR's image processor gives pixel_values.\n"
                                    "Integer labels are used as they are; names become class indices in sorted\n"
                                    "order (or the order of --labels) and are saved under the key 'labels'.\n"
+                                   "Language models (--lm): the documents of FILE (.txt: one per line; a table:\n"
+                                   "--text-column) tokenized, truncated and right-padded to --max-length;\n"
+                                   "targets (N, L) for the model's own pre-training loss, -100 where ignored:\n"
+                                   "  causal  the next token at every position (targets[:, t] = input_ids[:, t+1]),\n"
+                                   "          -100 on padding and on the last position; a tokenizer without a\n"
+                                   "          pad token pads with its eos token (told apart by attention_mask)\n"
+                                   "  masked  a seeded 15 % of the non-special, non-padding tokens (at least one\n"
+                                   "          per document), as BERT: 80 % -> the mask token, 10 % -> a random\n"
+                                   "          token, 10 % kept; targets the original ids there, -100 elsewhere.\n"
                                    "The file is written atomically; bad input writes nothing.",
                        epilog=DATA_FORMAT, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model_dir", metavar="MODEL_DIR",
                    help="local Hugging Face-format directory holding the model's tokenizer or image processor")
     p.add_argument("--text", metavar="FILE", help="a .csv, .tsv (tab-separated; both with a header line) or .jsonl "
-                                                  "(one JSON object per line) file")
+                                                  "(one JSON object per line) file; with --lm also .txt (one "
+                                                  "document per line)")
+    p.add_argument("--lm", choices=("causal", "masked"),
+                   help="language-model data instead of class labels: causal (next-token targets) or masked "
+                        "(BERT-style masked tokens); no --label-column (see above)")
+    p.add_argument("--seed", type=int, metavar="S", help="seed of the masked positions (--lm masked; default 0)")
     p.add_argument("--images", metavar="DIR", help="a folder with one sub-folder of images per class")
     p.add_argument("--text-column", metavar="COL", help="column holding the text (with --text)")
     p.add_argument("--text-pair-column", metavar="COL2",

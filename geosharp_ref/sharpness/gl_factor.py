@@ -35,6 +35,7 @@ from ..apgd import combine
 from ..geometry import gl_pair
 from ..kernels import gl_kernels
 from ..lazy_blocks import GramTable
+from ..symmetry import PairGroup
 from .factors import Factor, check_rank
 from .space import SpaceOptions
 
@@ -62,7 +63,8 @@ class GLPairFactor:
 
     def generic(self) -> list:
         """One generated ``gl_<metric>`` factor per group (no fast hooks)."""
-        return [Factor(gl_kernels(self.metric), g.with_metric(self.metric), self.eps) for g in self.groups]
+        return [Factor(gl_kernels(self.metric), g.with_metric(self.metric) if isinstance(g, PairGroup) else g,
+                       self.eps) for g in self.groups]
 
     def at(self, params, options: SpaceOptions = SpaceOptions()) -> "GLPairFactorAt":
         return GLPairFactorAt(self, params, options)

@@ -36,7 +36,7 @@ from .result import SharpnessResult, relative_perturbation
 from .space import GRADIENTS, ProductSpace
 
 __all__ = ["EvaluationOptions", "check_rho", "prepare_inputs", "check_padding_mask", "build_space", "evaluate",
-           "gradient_dual_norm", "pair_factors", "MAX_RHO", "PAD_RUN", "NO_PAIRS_MESSAGE"]
+           "gradient_dual_norm", "binding_factors", "pair_factors", "MAX_RHO", "PAD_RUN", "NO_PAIRS_MESSAGE"]
 
 #: the largest radius accepted: beyond it the perturbation is larger than the weights themselves
 MAX_RHO = 10.0
@@ -174,11 +174,29 @@ def build_space(params, smap=None, metric=None, symmetries=None, *, model=None, 
             quotient = Quotient.resolve(model, batch, metric=metric, symmetries=symmetries, smap=smap)
         else:
             quotient = Quotient.assemble(params, smap, metric, symmetries or ())
-    factors = pair_factors(quotient.pairs, quotient.metric, eps)
-    factors += [s if isinstance(s, Factor) else Factor(s.kernels, s, eps) for s in quotient.bindings]
+    factors = pair_factors(quotient.pairs, quotient.metric, eps) + binding_factors(quotient.bindings, eps)
     space = ProductSpace(params, factors, quotient.adaptive_masks, fast=fast, **options)
     space.quotient = quotient
     return space
+
+
+def binding_factors(bindings, eps: float = 0.0) -> list:
+    """The further bindings of a quotient as factors, in order: a :class:`Factor` given is kept; the bindings
+    quotiented by a built-in ``gl_<metric>`` geometry (GL(1) unit pairs of ReLU and gated MLPs, LoRA's GL(r))
+    share one fast :class:`~geosharp_ref.sharpness.gl_factor.GLPairFactor` per metric (placed where the first of
+    them stands); every other binding is a generic :class:`Factor` of its own kernels."""
+    out, fast = [], {}
+    for s in bindings:
+        kernels = None if isinstance(s, Factor) else s.kernels
+        metric = kernels[3:] if kernels in ("gl_inv", "gl_mix") and not getattr(s, "kernel_options", None) else None
+        if metric is None:
+            out.append(s if isinstance(s, Factor) else Factor(kernels, s, eps))
+        elif metric in fast:
+            fast[metric].append(s)
+        else:
+            fast[metric] = [s]
+            out.append(metric)  # the place of this metric's fast factor
+    return [gl_pair_factors(fast[f], f, eps)[0] if isinstance(f, str) else f for f in out]
 
 
 def pair_factors(pairs, metric, eps: float = 0.0) -> list:

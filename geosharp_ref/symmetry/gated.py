@@ -6,7 +6,7 @@ unit j's up row [W_up[j, :], b_up[j]] by a_j ≠ 0 and its down column W_down[:,
 (σ(g_j) · a_j u_j · W_down[:, j] / a_j). Per unit this is a GL(1) pair (negative a_j included, unlike ReLU
 units, where only a_j > 0 commutes with the activation),
 
-    G_j = [W_up[j, :], b_up[j]]ᵀ ∈ R^{(d+1)×1},     H_j = W_down[:, j] ∈ R^{d_out×1},     (G_j, H_j) ↦ (a_j G_j, H_j / a_j),
+    G_j = [W_up[j, :], b_up[j]]ᵀ ∈ R^{(d+1)×1},   H_j = W_down[:, j] ∈ R^{d_out×1},   (G_j, H_j) ↦ (a_j G_j, H_j / a_j),
 
 so the built-in ``gl_inv`` / ``gl_mix`` kernels with h = 1, batched over the units, are its quotient geometry.
 The gate projection is not part of it (its parameters stay adaptive); nor is b_down (outside every unit).

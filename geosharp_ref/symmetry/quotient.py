@@ -12,8 +12,8 @@ and applies that rule with its precedence:
    sharing a parameter with an explicit symmetry yields to it (its weights go to the adaptive geometry;
    :attr:`Quotient.yielded` says so), and every pair detected takes precedence over the built-ins;
 3. the **built-ins** (``"all"``), searched in this order — LoRA adapters (:mod:`.adapters`), ReLU units
-   (:mod:`.units`), gated-MLP units (:mod:`.gated`), the classifier head's softmax translation (:mod:`.heads`), norm scaling
-   (:mod:`.norms`) — each bound only after its exactness check passed on the batch and only where no pair
+   (:mod:`.units`), gated-MLP units (:mod:`.gated`), the classifier head's softmax translation (:mod:`.heads`),
+   norm scaling (:mod:`.norms`) — each bound only after its exactness check passed on the batch and only where no pair
    or earlier built-in holds a parameter; then dropped where they share a parameter with an explicit one.
 
 Everything else is adaptive (:attr:`Quotient.adaptive_masks`). :func:`find_symmetries` is the built-in

@@ -48,7 +48,8 @@ from .models import (CLIP_SOUP_SMALL, DT, IR, ROOT, SMALL, GQAAttention, GQANet,
                      mistral, mlp, mlp64, phi3, qknorm_net, qwen2, roberta, save_clip_soup, vit)
 from .reference import rel_error, trust_region_max
 from .tables import (CASES, DECODER_CASES, DECODER_NAMES, SHARPNESS_CASES, SHARPNESS_NAMES, SYMMETRY_CASES,
-                     SYMMETRY_NAMES, Case, SharpnessModel, build, make, randomize_vectors, sharpness_case, symmetry_case)
+                     SYMMETRY_NAMES, Case, SharpnessModel, build, make, randomize_vectors, sharpness_case,
+                     symmetry_case)
 
 __all__ = [
     # models
@@ -62,7 +63,8 @@ __all__ = [
     "clip_images", "ids", "text_inputs", "pixels", "bert_inputs", "cat", "lm_loss", "clip_loss", "params_of",
     "hidden_kw", "forward", "random_gl", "text_batch64", "mlp_batch64", "pixels_batch64",
     # tables
-    "Case", "SYMMETRY_CASES", "SHARPNESS_CASES", "DECODER_CASES", "DECODER_NAMES", "CASES", "SYMMETRY_NAMES", "SHARPNESS_NAMES", "randomize_vectors",
+    "Case", "SYMMETRY_CASES", "SHARPNESS_CASES", "DECODER_CASES", "DECODER_NAMES",
+    "CASES", "SYMMETRY_NAMES", "SHARPNESS_NAMES", "randomize_vectors",
     "make", "build", "symmetry_case", "SharpnessModel", "sharpness_case",
     # bindings
     "BindingCase", "BuiltBindingCase", "BINDING_CASES", "BINDING_NAMES", "BINDING_KINDS",

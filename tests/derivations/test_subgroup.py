@@ -8,7 +8,6 @@ import sympy as sp
 
 from derivations import (DeclarationError, Subalgebra, builtin_metric, derive_geometry, get_symmetry, gl_pair,
                          rope_pair, subgroup_pair)
-from derivations.matrix_calculus import canonicalize
 from derivations.subgroup import commutant, rope_pairs, rope_rotation
 from derivations.symmetry import evaluate, random_point
 

@@ -37,7 +37,7 @@ from .manifest import read_manifest
 from .tasks import get_task
 from .training import batched_logits
 
-__all__ = ["predict_test_set", "split_half_gaps", "gap_reliability", "PREDICTIONS", "RELIABILITY"]
+__all__ = ["predict_test_set", "split_half_gaps", "split_half_reliability", "gap_reliability", "PREDICTIONS", "RELIABILITY"]
 
 PREDICTIONS = "test_predictions.jsonl"
 RELIABILITY = "reliability.json"
@@ -89,6 +89,25 @@ def split_half_gaps(wrong: np.ndarray, train_error: np.ndarray, half: np.ndarray
     return wrong[:, half].mean(1) - train_error, wrong[:, ~half].mean(1) - train_error
 
 
+def split_half_reliability(wrong: np.ndarray, train_error: np.ndarray, splits: int, seed: int) -> tuple:
+    """``(τ_half, [2.5 %, 97.5 %] quantiles of τ, r_full)``: over ``splits`` random halvings of the test documents
+    (seeded), Kendall τ between the two halves' gaps (:func:`split_half_gaps`); its median τ_half, as a Pearson
+    r = sin(πτ_half/2), projected to the whole test set by Spearman–Brown, r_full = 2r/(1 + r)."""
+    n = wrong.shape[1]
+    rng = np.random.default_rng(seed)
+    taus = []
+    for _ in range(splits):
+        half = np.zeros(n, dtype=bool)
+        half[rng.permutation(n)[: n // 2]] = True
+        ga, gb = split_half_gaps(wrong, train_error, half)
+        t = kendalltau(ga, gb).statistic
+        taus.append(float(t) if np.isfinite(t) else 0.0)
+    tau_half = float(np.median(taus))
+    r_half = math.sin(math.pi * tau_half / 2)
+    r_full = 2 * r_half / (1 + r_half) if r_half > -1 else float("nan")
+    return tau_half, [float(x) for x in np.quantile(taus, [0.025, 0.975])], r_full
+
+
 def gap_reliability(out, splits: int = 200, seed: int = 0, progress: bool = True, stream=None) -> dict:
     """Split-half reliability of the population's gaps (see the module doc); writes ``reliability.json``."""
     out = Path(out)
@@ -105,21 +124,11 @@ def gap_reliability(out, splits: int = 200, seed: int = 0, progress: bool = True
     wrong = np.array([np.asarray(preds[n]) != y for n in names])
     train_error = np.array([m["metrics"]["train_error"] for m in manifest["models"]])
     test_error = wrong.mean(1)
-    rng = np.random.default_rng(seed)
     n = len(y)
-    taus = []
-    for _ in range(splits):
-        half = np.zeros(n, dtype=bool)
-        half[rng.permutation(n)[: n // 2]] = True
-        ga, gb = split_half_gaps(wrong, train_error, half)
-        t = kendalltau(ga, gb).statistic
-        taus.append(float(t) if np.isfinite(t) else 0.0)
-    tau_half = float(np.median(taus))
-    r_half = math.sin(math.pi * tau_half / 2)
-    r_full = 2 * r_half / (1 + r_half) if r_half > -1 else float("nan")
+    tau_half, tau_range95, r_full = split_half_reliability(wrong, train_error, splits, seed)
     gap = test_error - train_error
     result = dict(models=len(names), n_test=int(n), splits=splits, seed=seed,
-                  tau_half=dict(median=tau_half, range95=[float(x) for x in np.quantile(taus, [0.025, 0.975])]),
+                  tau_half=dict(median=tau_half, range95=tau_range95),
                   pearson_full_spearman_brown=r_full,
                   correlation_ceiling=math.sqrt(r_full) if r_full > 0 else 0.0,
                   tau_ceiling=2 / math.pi * math.asin(math.sqrt(r_full)) if r_full > 0 else 0.0,

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +39,7 @@ from ...stats import kendall_with_ci
 from .evaluation import evaluation_grid, load_population_model, read_results
 from .manifest import read_manifest
 from .reanalysis import signed_tau_difference
-from .reliability import split_half_gaps
+from .reliability import split_half_reliability
 from .task import Split
 from .tasks import get_task
 from .training import batched_logits
@@ -110,22 +109,12 @@ def rescore_population(out, reference=None, results=None, splits: int = 200, see
     test_error = wrong.mean(1)
     gap = test_error - train_error
     n = len(yn)
-    rng = np.random.default_rng(seed)
-    taus = []
-    for _ in range(splits):
-        half = np.zeros(n, dtype=bool)
-        half[rng.permutation(n)[: n // 2]] = True
-        ga, gb = split_half_gaps(wrong, train_error, half)
-        t = kendalltau(ga, gb).statistic
-        taus.append(float(t) if np.isfinite(t) else 0.0)
-    tau_half = float(np.median(taus))
-    r_half = math.sin(math.pi * tau_half / 2)
-    r_full = 2 * r_half / (1 + r_half) if r_half > -1 else float("nan")
+    tau_half, tau_range95, r_full = split_half_reliability(wrong, train_error, splits, seed)
     result = dict(models=len(names), n_test_original=n_orig, n_test_extended=int(n), n_train=n_train,
                   per_model={nm: dict(test_error=float(te), gap=float(g), test_error_original=float(
                       wrong[i, :n_orig].mean())) for i, (nm, te, g) in enumerate(zip(names, test_error, gap))},
                   reliability=dict(splits=splits, seed=seed, tau_half=dict(
-                      median=tau_half, range95=[float(x) for x in np.quantile(taus, [0.025, 0.975])]),
+                      median=tau_half, range95=tau_range95),
                       pearson_full_spearman_brown=r_full,
                       tau_ceiling=2 / math.pi * math.asin(math.sqrt(r_full)) if r_full > 0 else 0.0),
                   gap_sd=float(gap.std(ddof=1)),

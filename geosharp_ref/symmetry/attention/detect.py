@@ -107,8 +107,8 @@ from torch import Tensor, nn
 
 from .groups import PairGroup, PairSpec, Piece, SymmetryMap, coverage_counts_from_pieces
 from .layouts import (ROTARY_CLASS, QK_NORM, REL_POS, Lin, as_lin, into_head, is_adapter_wrapper, is_norm_module,
-                      join_path, make_group, out_of_head, qk_refusal)
-from .rope import rotary_evidence, rotary_layout
+                      join_path, make_group, out_of_head, qk_refusal, rotary_evidence)
+from .rope import rotary_layout
 
 __all__ = ["symmetry_map", "NoAttentionPairsWarning"]
 

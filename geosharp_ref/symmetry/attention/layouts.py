@@ -24,7 +24,7 @@ from .groups import PairGroup, Piece, Side
 
 __all__ = ["Lin", "Adapter", "is_adapter_wrapper", "as_lin", "as_lora_lin", "into_head", "out_of_head", "make_group",
            "layer_index", "join_path", "qk_refusal", "is_norm_module", "ROTARY_CLASS", "QK_NORM", "ROTARY_ARGS",
-           "REL_POS", "rotary_identifier"]
+           "REL_POS", "rotary_identifier", "rotary_evidence"]
 
 
 def layer_index(path: str) -> Optional[int]:
@@ -209,7 +209,9 @@ ROTARY_ARGS = ("position_embeddings", "rotary_pos_emb", "rotary_emb", "freqs_cis
 REL_POS = ("rotary", "relative_key", "relative_key_query", "relative")
 
 
-def qk_refusal(mod: nn.Module, path: str, configs, model_rotary, qk_norms=()) -> Optional[str]:
+def rotary_evidence(mod, path: str, configs, model_rotary) -> list:
+    """Why ``mod`` (an attention module at ``path``) is rotary: its forward's arguments, its code, a rotary
+    module in the stack containing it, or its config (empty: not rotary)."""
     why = []
     try:
         params = inspect.signature(type(mod).forward).parameters
@@ -227,12 +229,18 @@ def qk_refusal(mod: nn.Module, path: str, configs, model_rotary, qk_norms=()) ->
             why.append(f"{rname} at {rpath or '<root>'} feeds the stack containing it")
             break
     for cfg in configs:
-        pet = getattr(cfg, "position_embedding_type", None)
-        if isinstance(pet, str) and pet.lower() in REL_POS:
-            why.append(f"config.position_embedding_type={pet!r}")
         if getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_theta", None) \
                 or getattr(cfg, "rotary_dim", None):
             why.append("config has rotary parameters")
+    return list(dict.fromkeys(why))
+
+
+def qk_refusal(mod: nn.Module, path: str, configs, model_rotary, qk_norms=()) -> Optional[str]:
+    why = rotary_evidence(mod, path, configs, model_rotary)
+    for cfg in configs:
+        pet = getattr(cfg, "position_embedding_type", None)
+        if isinstance(pet, str) and pet.lower() in REL_POS:
+            why.append(f"config.position_embedding_type={pet!r}")
     if why:
         return ("rotary/relative position encoding (" + "; ".join(dict.fromkeys(why)) + "): scores use "
                 "G R_{p-p'} Hᵀ, invariant only under A commuting with the rotations (a subgroup of "

@@ -42,9 +42,8 @@ import re
 import sys
 from typing import Optional
 
-from .layouts import ROTARY_ARGS, rotary_identifier
 
-__all__ = ["ROTARY_FAMILIES", "rotary_layout", "rotary_evidence"]
+__all__ = ["ROTARY_FAMILIES", "rotary_layout"]
 
 #: transformers model families whose rotary embedding is understood: family → (pairing, partial rotary read
 #: from the config). ``half``: ``rotate_half`` (i with i + r/2); ``interleaved``: ``rotate_every_two``.
@@ -55,32 +54,6 @@ ROTARY_FAMILIES = {
 _FAMILY = re.compile(r"^transformers\.models\.(\w+)\.modeling_\w+$")
 _HALF_CODE = ("x.shape[-1] // 2", "torch.cat((-x2, x1), dim=-1)")
 _EVERY_TWO_CODE = ("x[:, :, :, ::2]", "x[:, :, :, 1::2]", "torch.stack((-x2, x1), dim=-1)")
-
-
-def rotary_evidence(mod, path: str, configs, model_rotary) -> list:
-    """Why ``mod`` (an attention module at ``path``) is rotary: its forward's arguments, its code, a rotary
-    module in the stack containing it, or its config (empty: not rotary)."""
-    why = []
-    try:
-        params = inspect.signature(type(mod).forward).parameters
-        hit = [a for a in ROTARY_ARGS if a in params]
-        if hit:
-            why.append(f"forward takes {hit[0]!r}")
-    except (TypeError, ValueError):
-        pass
-    ident = rotary_identifier(type(mod))
-    if ident:
-        why.append(f"its code uses {ident!r}")
-    for rpath, rname in model_rotary:
-        scope = rpath.rpartition(".")[0]
-        if not scope or path == scope or path.startswith(scope + "."):
-            why.append(f"{rname} at {rpath or '<root>'} feeds the stack containing it")
-            break
-    for cfg in configs:
-        if getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_theta", None) \
-                or getattr(cfg, "rotary_dim", None):
-            why.append("config has rotary parameters")
-    return list(dict.fromkeys(why))
 
 
 def _rope_parameters(configs) -> dict:

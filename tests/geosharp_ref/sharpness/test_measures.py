@@ -149,3 +149,30 @@ def test_build_space_is_the_one_builder():
     assert [type(f) for f in generic.factors] == [Factor] * len(smap.groups)
     assert generic.factor_keys == [g.key for g in smap.groups] and generic.options.gradient == "perturbed"
     assert set(fast.adaptive_names) == set(generic.adaptive_names)
+
+
+def test_gl_bindings_share_one_fast_factor_equal_to_the_generic_ones():
+    """binding_factors: the GL(1) unit pairs of a gated MLP (kernels gl_mix) become one fast GLPairFactor; the
+    head translation stays a generic Factor; with fast=False every group is generic, and geodesic sharpness
+    through both paths agrees to round-off (float64)."""
+    from geosharp_ref.sharpness import GLPairFactor, geodesic_sharpness
+    from geosharp_ref.sharpness.factors import Factor
+    from geosharp_ref.sharpness.pipeline import binding_factors
+    from geosharp_ref.symmetry import Quotient
+    from tests import cases
+
+    torch.manual_seed(0)
+    model = cases.llama(initializer_range=cases.IR).to(torch.float64).eval()
+    g = torch.Generator().manual_seed(1)
+    batch = ({"input_ids": torch.randint(3, 50, (2, 6), generator=g)}, torch.randint(3, 50, (2, 6), generator=g))
+    q = Quotient.resolve(model, batch, metric="mix", symmetries="all")
+    gated = [b for b in q.bindings if b.kernels == "gl_mix"]
+    assert len(gated) == 2, [b.key for b in q.bindings]  # one gated-units binding per layer
+    factors = binding_factors(q.bindings)
+    fast = [f for f in factors if isinstance(f, GLPairFactor)]
+    assert len(fast) == 1 and fast[0].keys == [b.key for b in gated]
+    assert all(isinstance(f, Factor) for f in factors if f is not fast[0])
+    kw = dict(metric="mix", symmetries="all", n_iter=4, dtype=torch.float64)
+    a = geodesic_sharpness(model, [batch], 0.05, **kw)
+    b = geodesic_sharpness(model, [batch], 0.05, fast=False, **kw)
+    assert a.mean > 0 and abs(a.mean - b.mean) <= 1e-10 * abs(b.mean)

@@ -1,14 +1,14 @@
-"""Three sharpness invariance checks that each run their own ProductSpace + Auto-PGD closure (ReLU units,
-LoRA adapters, a ViT's pre-LN stream scaling): geodesic sharpness on the quotient is unchanged when the model
-moves along the symmetry's orbit. The bindings' own tests are in test_units.py, test_adapters.py and
-test_norms.py."""
+"""Sharpness on the quotient by one symmetry family alone (ReLU units, LoRA adapters, a ViT's pre-LN stream
+scaling; the attention pairs left adaptive): unchanged when the model moves along the symmetry's orbit, all
+three through one evaluation (:func:`quotient_sharpness`: the space from ``build_space``, Auto-PGD from the
+pipeline's zero start). The bindings' own tests are in test_units.py, test_adapters.py and test_norms.py."""
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from geosharp_ref.apgd import apgd
-from geosharp_ref.sharpness import Factor, ProductSpace
 from geosharp_ref.forward import model_loss
+from geosharp_ref.sharpness import build_space
 from geosharp_ref.sharpness.measures import adaptive_sharpness
 from geosharp_ref.symmetry import ReLUUnitsBinding, lora_bindings, norm_scaling_bindings
 from geosharp_ref.verification.orbits import model_with_params
@@ -16,6 +16,15 @@ from tests import cases
 
 
 RELU = ReLUUnitsBinding("0.weight", "2.weight", in_bias="0.bias")
+
+
+def quotient_sharpness(model, batch, bindings, rho, n_iter):
+    """max L(E(ξ)) − L(θ) over the horizontal ρ-ball of the space quotienting ``bindings`` only (every other
+    parameter adaptive)."""
+    params = cases.params_of(model)
+    space = build_space(params, symmetries=bindings)
+    res = apgd(space.value_and_grad(lambda q: model_loss(model, q, batch)), space, rho, n_iter=n_iter)
+    return res.best_value - float(model_loss(model, params, batch))
 
 
 @given(log10_scale=st.floats(-2.0, 2.0), seed=st.integers(0, 2 ** 16))
@@ -26,13 +35,7 @@ def test_sharpness_on_the_relu_quotient_is_invariant(log10_scale, seed):
     a = RELU.random_element(params, scale=10.0 ** log10_scale, seed=seed)
     moved = model_with_params(model, RELU.act(params, a))
 
-    def sharp(m):
-        p = cases.params_of(m)
-        space = ProductSpace(p, [Factor(RELU.kernels, RELU)])
-        res = apgd(space.value_and_grad(lambda q: model_loss(m, q, batch)), space, 0.1, n_iter=5)
-        return res.best_value - float(model_loss(m, p, batch))
-
-    s0, s1 = sharp(model), sharp(moved)
+    s0, s1 = (quotient_sharpness(m, batch, [RELU], 0.1, 5) for m in (model, moved))
     assert s0 > 0 and abs(s1 - s0) <= 1e-8 * abs(s0)
 
 
@@ -50,13 +53,7 @@ def test_sharpness_on_the_lora_quotient_is_invariant(lora_bert, metric, scale, s
         moved = b.act(moved, b.random_element(moved, scale=scale, seed=seed + i))
     m2 = model_with_params(model, moved)
 
-    def sharp(m):
-        p = cases.params_of(m)
-        space = ProductSpace(p, [Factor(b.kernels, b) for b in found])
-        res = apgd(space.value_and_grad(lambda q: model_loss(m, q, batch)), space, 0.05, n_iter=4)
-        return res.best_value - float(model_loss(m, p, batch))
-
-    s0, s1 = sharp(model), sharp(m2)
+    s0, s1 = (quotient_sharpness(m, batch, found, 0.05, 4) for m in (model, m2))
     assert s0 > 0 and abs(s1 - s0) <= 1e-8 * abs(s0)
     a0, a1 = (adaptive_sharpness(m, [batch], 0.05, n_iter=4).mean for m in (model, m2))
     assert abs(a1 - a0) > 1e-4 * a0
@@ -76,11 +73,5 @@ def test_sharpness_on_the_vit_stream_quotient_is_invariant():
     (b,), _ = norm_scaling_bindings(model, batch, LOGITS)
     moved = model_with_params(model, b.act(cases.params_of(model), _a(1e2)))
 
-    def sharp(m):
-        p = cases.params_of(m)
-        space = ProductSpace(p, [Factor(b.kernels, b)])
-        res = apgd(space.value_and_grad(lambda q: model_loss(m, q, batch)), space, 0.05, n_iter=4)
-        return res.best_value - float(model_loss(m, p, batch))
-
-    s0, s1 = sharp(model), sharp(moved)
+    s0, s1 = (quotient_sharpness(m, batch, [b], 0.05, 4) for m in (model, moved))
     assert s0 > 0 and abs(s1 - s0) <= 1e-8 * abs(s0)
