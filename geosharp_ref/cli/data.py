@@ -20,8 +20,9 @@ def _option(name: str) -> str:
 
 def _check_args(args) -> Path:
     if (args.text is None) == (args.images is None):
-        raise ValueError("give exactly one of --text FILE (a .csv/.tsv/.jsonl table, or .txt with --lm) and --images DIR "
-                         f"(one sub-folder per class), got {'both' if args.text is not None else 'neither'}")
+        given = "both" if args.text is not None else "neither"
+        raise ValueError("give exactly one of --text FILE (a .csv/.tsv/.jsonl table, or .txt with --lm) and "
+                         f"--images DIR (one sub-folder per class), got {given}")
     lm = getattr(args, "lm", None)
     if getattr(args, "seed", None) is not None and lm != "masked":
         raise ValueError("--seed applies only to --lm masked (it draws the masked positions)")

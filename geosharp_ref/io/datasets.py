@@ -25,8 +25,8 @@ import torch
 
 from .models import quiet_transformers
 
-__all__ = ["text_dataset", "image_dataset", "read_table", "encode_labels", "parse_label_names",
-           "load_tokenizer", "load_image_processor", "image_files", "TEXT_FORMATS", "IMAGE_SUFFIXES",
+__all__ = ["text_dataset", "image_dataset", "read_table", "encode_labels", "parse_label_names", "existing_model_dir",
+           "read_model_config", "config_value", "table_column", "load_tokenizer", "load_image_processor", "image_files", "TEXT_FORMATS", "IMAGE_SUFFIXES",
            "DEFAULT_MAX_LENGTH"]
 
 #: suffix -> csv delimiter (None: JSON lines)
@@ -49,7 +49,7 @@ def _one_line(exc) -> str:
     return " ".join(str(exc).split())
 
 
-def _existing_dir(model_dir) -> Path:
+def existing_model_dir(model_dir) -> Path:
     path = Path(model_dir)
     if not path.is_dir():
         raise FileNotFoundError(f"model directory {str(model_dir)!r} does not exist (MODEL_DIR must be a local "
@@ -57,7 +57,7 @@ def _existing_dir(model_dir) -> Path:
     return path
 
 
-def _config(path: Path) -> dict:
+def read_model_config(path: Path) -> dict:
     """``config.json`` of a model directory as a dict ({} when absent or unreadable)."""
     try:
         cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
@@ -66,7 +66,7 @@ def _config(path: Path) -> dict:
     return cfg if isinstance(cfg, dict) else {}
 
 
-def _config_value(cfg: dict, key: str, sub: str):
+def config_value(cfg: dict, key: str, sub: str):
     value = cfg.get(key)
     if value is None and isinstance(cfg.get(sub), dict):
         value = cfg[sub].get(key)
@@ -122,7 +122,7 @@ def _read_jsonl(f, p: Path):
     return list(columns), rows
 
 
-def _column(columns, name, path, option):
+def table_column(columns, name, path, option):
     if name not in columns:
         raise ValueError(f"{option} {name!r} is not a column of {path}; its columns are "
                          f"{', '.join(map(repr, columns))}")
@@ -199,7 +199,7 @@ def load_tokenizer(model_dir):
     there is none."""
     import transformers
 
-    path = _existing_dir(model_dir)
+    path = existing_model_dir(model_dir)
     if not any((path / n).is_file() for n in TOKENIZER_FILES):
         raise FileNotFoundError(f"model directory {str(path)!r} has no tokenizer (none of "
                                 f"{', '.join(TOKENIZER_FILES)}); {TOKENIZER_HINT}")
@@ -226,12 +226,12 @@ def text_dataset(model_dir, path, text_column, label_column, text_pair_column=No
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
         raise ValueError(f"--max-length must be an integer of at least 2, got {max_length!r}")
     names = parse_label_names(labels) if labels is not None else None
-    mdir = _existing_dir(model_dir)
+    mdir = existing_model_dir(model_dir)
     columns, rows = read_table(path)
-    _column(columns, text_column, path, "--text-column")
-    _column(columns, label_column, path, "--label-column")
+    table_column(columns, text_column, path, "--text-column")
+    table_column(columns, label_column, path, "--label-column")
     if text_pair_column is not None:
-        _column(columns, text_pair_column, path, "--text-pair-column")
+        table_column(columns, text_pair_column, path, "--text-pair-column")
 
     where = [f"{path} line {n}" for n, _ in rows]
 
@@ -249,11 +249,11 @@ def text_dataset(model_dir, path, text_column, label_column, text_pair_column=No
     targets, names = encode_labels([row.get(label_column) for _, row in rows], names, where)
 
     tok = load_tokenizer(mdir)
-    cfg = _config(mdir)
+    cfg = read_model_config(mdir)
     limit = getattr(tok, "model_max_length", None)
     if isinstance(limit, int) and limit < 10**6 and max_length > limit:
         raise ValueError(f"--max-length {max_length} exceeds the tokenizer's model_max_length {limit}")
-    positions = _config_value(cfg, "max_position_embeddings", "text_config")
+    positions = config_value(cfg, "max_position_embeddings", "text_config")
     if isinstance(positions, int) and max_length > positions:
         raise ValueError(f"--max-length {max_length} exceeds the model's max_position_embeddings {positions} "
                          f"(config.json)")
@@ -269,7 +269,7 @@ def text_dataset(model_dir, path, text_column, label_column, text_pair_column=No
     if second is not None and "token_type_ids" in enc:
         inputs["token_type_ids"] = enc["token_type_ids"].long()
 
-    vocab = _config_value(cfg, "vocab_size", "text_config")
+    vocab = config_value(cfg, "vocab_size", "text_config")
     top = int(inputs["input_ids"].max())
     if isinstance(vocab, int) and top >= vocab:
         raise ValueError(f"the tokenizer of {str(mdir)!r} gives token id {top} but the model's vocab_size is "
@@ -322,7 +322,7 @@ def load_image_processor(model_dir):
     error when there is none."""
     import transformers
 
-    path = _existing_dir(model_dir)
+    path = existing_model_dir(model_dir)
     if not any((path / n).is_file() for n in PROCESSOR_FILES):
         raise FileNotFoundError(f"model directory {str(path)!r} has no image processor (no "
                                 f"{' or '.join(PROCESSOR_FILES)}); {PROCESSOR_HINT}")
@@ -350,11 +350,11 @@ def image_dataset(model_dir, images_dir, chunk=64):
     transformers' own ``load_image`` does, and processed ``chunk`` at a time."""
     if chunk < 1:
         raise ValueError(f"chunk must be at least 1, got {chunk}")
-    mdir = _existing_dir(model_dir)
+    mdir = existing_model_dir(model_dir)
     names, files = image_files(images_dir)
     processor = load_image_processor(mdir)
-    cfg = _config(mdir)
-    channels = _config_value(cfg, "num_channels", "vision_config")
+    cfg = read_model_config(mdir)
+    channels = config_value(cfg, "num_channels", "vision_config")
     if channels is None:
         mean = getattr(processor, "image_mean", None)
         channels = len(mean) if isinstance(mean, (list, tuple)) else 3
@@ -372,7 +372,7 @@ def image_dataset(model_dir, images_dir, chunk=64):
         parts.append(out["pixel_values"])
     pixels = torch.cat(parts)
     warnings = _label_warnings(cfg, targets)
-    size = _config_value(cfg, "image_size", "vision_config")
+    size = config_value(cfg, "image_size", "vision_config")
     if isinstance(channels, int) and pixels.shape[1] != channels:
         warnings.append(f"the processor gives {pixels.shape[1]} channels but the model has num_channels "
                         f"{channels} (config.json)")

