@@ -85,3 +85,17 @@ def quiet_transformers():
     logging.getLogger("transformers").setLevel(logging.ERROR)
     tf.logging.set_verbosity_error()
     return tf
+
+
+def assert_refused_and_nothing_written(run, argv, root, out, needles=()):
+    """Run the command line (``run(argv) -> (exit code, stdout, stderr)``) on a bad input and assert what every
+    refusal owes: exit 2, nothing on stdout, exactly one ``geosharp: error:`` line on stderr containing every
+    needle, ``out`` not written and no file created under ``root``."""
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    rc, printed, err = run(argv)
+    lines = err.strip().splitlines()
+    assert rc == 2 and printed == ""
+    assert len(lines) == 1 and lines[0].startswith("geosharp: error: "), err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    assert not out.exists() and sorted(p.relative_to(root) for p in root.rglob("*")) == before

@@ -11,6 +11,7 @@ from transformers import (AutoImageProcessor, AutoTokenizer, BertConfig, BertFor
                           ViTForImageClassification, ViTImageProcessor)
 
 from geosharp_ref.cli import main
+from tests import cases
 
 L = 10
 ROWS = [
@@ -151,15 +152,8 @@ CASES = ["missing-text-file", "missing-image-dir", "missing-model-dir", "unknown
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(models, tmp_path, capsys, case):
     argv, needles = _bad_cases(models, tmp_path)[case]
     out = tmp_path / "out" / "data.pt"
-    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-    rc, printed, err = _run(capsys, argv + ["--out", str(out)])
-    lines = err.strip().splitlines()
-    assert rc == 2 and printed == ""
-    assert len(lines) == 1 and lines[0].startswith("geosharp: error: "), err
-    for needle in needles:
-        assert needle in lines[0]
-    assert not out.exists() and sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
-
+    cases.assert_refused_and_nothing_written(lambda a: _run(capsys, a), argv + ["--out", str(out)], tmp_path, out,
+                                             needles)
 
 def test_cases_cover_every_bad_input(models, tmp_path):
     assert sorted(_bad_cases(models, tmp_path)) == sorted(CASES)
