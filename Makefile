@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast derive bench bench-quick clean
+.PHONY: install demo test test-fast docs derive bench bench-quick clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,9 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -x tests -m "not slow"
+
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 derive: $(STAMP)
 	$(VENV)/bin/geosharp derive

@@ -17,7 +17,9 @@ median [min–max] over repetitions. Cases:
 3. generated kernels vs hand-written torch of the same formulas;
 4. cold derivation + code generation of all built-ins (``geosharp derive --out TMP``, subprocess);
 5. peak memory of geodesic vs adaptive evaluation (ru_maxrss of separate subprocesses);
-6. (CUDA only) a full geodesic-sharpness evaluation of a ViT-B/32-sized model, 2048 inputs.
+6. (CUDA only) a full geodesic-sharpness evaluation of a ViT-B/32-sized model, 2048 inputs;
+7. exact (RK4) vs second-order geodesic sharpness, one Auto-PGD iteration (``benchmarks/geodesic_cases.py``).
+8. one Hessian-vector product on the quotient vs Euclidean, and HVP / gradient (``benchmarks/curvature_cases.py``).
 
 This file is the command line; the timing machinery is in ``benchmarks/harness.py``, the cases in
 ``benchmarks/cases.py`` and ``benchmarks/geometry_cases.py``, the report in ``benchmarks/report.py``.
@@ -39,6 +41,8 @@ import torch  # noqa: E402
 
 from benchmarks.cases import (case_cuda_full, case_derive, case_iteration, case_iteration_llama,  # noqa: E402
                               case_memory, memory_child)
+from benchmarks.geodesic_cases import case_geodesic, render_geodesic  # noqa: E402
+from benchmarks.curvature_cases import case_curvature, render_curvature  # noqa: E402
 from benchmarks.geometry_cases import case_geometry, case_kernels  # noqa: E402
 from benchmarks.harness import machine_info  # noqa: E402
 from benchmarks.report import render  # noqa: E402
@@ -51,8 +55,10 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="tiny sizes (smoke test); writes to a temp path")
     ap.add_argument("--out", type=Path, default=None, help="markdown output (default: RESULTS.md, "
                                                             "or a temp file with --quick)")
-    ap.add_argument("--cases", default="iteration,iteration-llama,geometry,kernels,derive,memory,cuda",
-                    help="comma-separated: iteration, iteration-llama, geometry, kernels, derive, memory, cuda")
+    ap.add_argument("--cases", default="iteration,iteration-llama,geometry,kernels,derive,memory,cuda,geodesic,"
+                                       "curvature",
+                    help="comma-separated: iteration, iteration-llama, geometry, kernels, derive, memory, cuda, "
+                         "geodesic, curvature")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--json", type=Path, default=None, help="also write the raw results as JSON")
@@ -94,7 +100,14 @@ def main(argv=None):
     run("memory", case_memory, q, device, a.reps or (1 if q else 3))
     if device.type == "cuda" or q:  # quick mode: tiny sizes on any device, so the case never rots
         run("cuda", case_cuda_full, q, device)
-    text = render(info, res, q, time.perf_counter() - t0)
+    run("geodesic", case_geodesic, q, device, a.reps or (2 if q else 3))
+    run("curvature", case_curvature, q, device, a.reps or (2 if q else 3))
+    text = render(info, {k: v for k, v in res.items() if k not in ("geodesic", "curvature")}, q,
+                  time.perf_counter() - t0)
+    if "geodesic" in res:  # case 7 (benchmarks/geodesic_cases.py) renders its own section
+        text += "\n\n" + render_geodesic(res["geodesic"])
+    if "curvature" in res:  # case 8 (benchmarks/curvature_cases.py) renders its own section
+        text += "\n\n" + render_curvature(res["curvature"])
     print(text)
     out = a.out or (Path(tempfile.mkdtemp(prefix="geosharp-bench-")) / "RESULTS.md" if q else RESULTS)
     out.write_text(text + "\n")

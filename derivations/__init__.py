@@ -39,11 +39,15 @@ from .symmetry import (
     translation,
 )
 from .subgroup import Subalgebra
+from .invariant import Ansatz, InvariantFamily, invariant_metrics
+from .joint import JointMetric, JointSymmetry, joint_invariant_metrics, lora_attention, norm_qk
+from .joint_geometry import JointGeometry, derive_joint_geometry
 
 __all__ = [
     "BUILTIN_METRICS", "BUILTIN_SYMMETRIES", "DeclarationError", "DerivationError", "InvarianceResult",
     "LinearSolve", "Metric", "MetricError", "NotInvariantError", "QuotientGeometry", "Symmetry",
     "UnsupportedStructureError", "builtin_metric", "check_invariance", "check_metric", "derive_geometry",
     "elementwise_rescaling", "get_symmetry", "gl_pair", "positive_scaling", "translation", "rope_pair", "subgroup_pair",
-    "Subalgebra",
+    "Subalgebra", "Ansatz", "InvariantFamily", "invariant_metrics", "JointMetric", "JointSymmetry",
+    "joint_invariant_metrics", "lora_attention", "norm_qk", "JointGeometry", "derive_joint_geometry",
 ]

@@ -54,6 +54,34 @@ class Metric:
     expr: sp.Expr
     name: str
 
+    def __post_init__(self):
+        """Refuse arguments of the wrong type at once, in one line (not deep inside the derivation)."""
+        if not isinstance(self.symmetry, Symmetry):
+            raise MetricError(f"Metric(symmetry, expr, name): symmetry must be a derivations Symmetry (e.g. "
+                              f"gl_pair(...)), got {type(self.symmetry).__name__}")
+        if not isinstance(self.name, str) or not self.name:
+            raise MetricError(f"Metric(symmetry, expr, name): name must be a non-empty string, got {self.name!r}")
+        if isinstance(self.expr, str):
+            raise MetricError(f"Metric {self.name!r}: expr is the string {self.expr!r}; build it with SymPy from the "
+                              f"symmetry's blocks and tangents, e.g. Trace(xi_B.T * eta_B) with (xi_B, …) = "
+                              f"symmetry.tangent('xi')")
+        if not isinstance(self.expr, sp.Basic):
+            raise MetricError(f"Metric {self.name!r}: expr must be a SymPy expression, got "
+                              f"{type(self.expr).__name__}")
+        if isinstance(self.expr, MatrixExpr) and tuple(self.expr.shape) != (1, 1):
+            raise MetricError(f"Metric {self.name!r}: expr is a matrix of shape {tuple(self.expr.shape)}, not a "
+                              f"number; a metric is a scalar: take its trace, Trace(...)")
+
+    def check_blocks(self, where: str = "") -> None:
+        """Every block's tangent appears in the metric, in ξ and in η (else it is degenerate on that block: not
+        positive definite); raises :class:`MetricError` naming the missing blocks."""
+        missing = [b.name for b, x, e in zip(self.symmetry.blocks, self.xi, self.eta)
+                   if not (self.expr.has(x) and self.expr.has(e))]
+        if missing:
+            raise MetricError(f"{where or 'Metric ' + repr(self.name)}: the metric measures no tangent of block(s) "
+                              f"{missing} (their ξ and η do not both appear), so it is not positive definite; add a "
+                              f"term for each block, e.g. Trace(xi_{missing[0]}.T * eta_{missing[0]})")
+
     @property
     def xi(self):
         return self.symmetry.tangent("xi")

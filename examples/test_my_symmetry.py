@@ -3,7 +3,7 @@
 ``geosharp verify`` checks a declared symmetry at a few scales; this test lets hypothesis *search* the group
 for an element that breaks it, and shrink any failure to a minimal one. It uses only the public API:
 
-* the spec file's geometry is derived as the README shows (``geosharp derive --spec FILE --out DIR``, here
+* the spec file's geometry is derived as docs/guides/declare.md shows (``geosharp derive --spec FILE --out DIR``, here
   through :func:`geosharp_ref.cli.main`; pass the generated module instead with ``GEOSHARP_SPEC=DIR/name.py``)
   and bound to the model's parameters by its ``BINDINGS`` (:func:`geosharp_ref.declared_bindings`);
 * :mod:`geosharp_ref.testing` draws the group elements (``group_elements``: a scale a log-uniform in
@@ -77,7 +77,7 @@ SETTINGS = dict(max_examples=EXAMPLES, deadline=None,
 
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory):
-    """The spec's geometry: `geosharp derive --spec SPEC --out DIR`, then load_kernels (as the README shows)."""
+    """The spec's geometry: `geosharp derive --spec SPEC --out DIR`, then load_kernels (as docs/guides/declare.md shows)."""
     if SPEC.read_text(encoding="utf-8").startswith("# GENERATED FILE"):  # already generated
         return load_kernels(SPEC)
     out = tmp_path_factory.mktemp("kernels")

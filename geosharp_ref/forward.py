@@ -15,7 +15,8 @@ from torch.func import functional_call
 from .precision import keep_float64
 
 __all__ = ["IGNORE_INDEX", "model_logits", "check_targets", "default_loss", "call_model", "model_loss", "to_device",
-           "check_finite_batch", "float64_inputs"]
+           "check_finite_batch", "float64_inputs",
+           "batch_to_device", "model_device"]
 
 
 def model_logits(out):
@@ -92,8 +93,32 @@ def to_device(x, device, dtype):
     return x
 
 
-def check_finite_batch(batch, i):
+def batch_to_device(batch, device):
+    """``(inputs, targets)`` with every tensor moved to ``device`` (dtypes kept)."""
+    def move(x):
+        if isinstance(x, dict):
+            return {k: move(v) for k, v in x.items()}
+        return x.to(device) if torch.is_tensor(x) else x
     inputs, targets = batch
+    return move(inputs), move(targets)
+
+
+def model_device(model) -> torch.device:
+    """The device of ``model``'s parameters (the CPU for a model without any); the library computes there."""
+    p = next(iter(model.parameters()), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def check_finite_batch(batch, i):
+    """Batch ``i`` is usable: finite floating-point inputs and targets, and (integer targets) at least one
+    target that is not :data:`IGNORE_INDEX`: a batch whose every position is ignored has no loss (the mean
+    cross-entropy over zero positions is NaN), refused here before any compute."""
+    inputs, targets = batch
+    if torch.is_tensor(targets) and not targets.is_floating_point() and targets.numel() \
+            and bool((targets == IGNORE_INDEX).all()):
+        raise ValueError(f"batch {i}: every target is {IGNORE_INDEX} (ignored), so no position is scored and its "
+                         f"loss is undefined (NaN); use a larger --batch-size, or drop the documents that have no "
+                         f"target (too short for --max-length; `geosharp data` warns about them)")
     items = inputs.items() if isinstance(inputs, dict) else [("inputs", inputs)]
     for name, t in list(items) + [("targets", targets)]:
         if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(t).all():

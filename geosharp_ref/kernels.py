@@ -22,12 +22,17 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["load_kernels", "module_from_source", "kernel_name", "gl_kernels", "check_metric", "BUILTIN_MODULES",
-           "METRICS"]
+__all__ = ["load_kernels", "module_from_source", "kernel_name", "gl_kernels", "check_metric", "check_kernel_module",
+           "BUILTIN_MODULES", "METRICS", "REQUIRED"]
 
 #: the kernel modules generated from the built-in geometries (``codegen/generated``)
 BUILTIN_MODULES = ("gl_inv", "gl_mix", "diag_inv", "diag_mix", "scaling", "translation", "rope_half_inv", "rope_half_mix",
                    "rope_interleaved_inv", "rope_interleaved_mix")
+#: what every generated kernel module defines (a module missing one is truncated or not generated)
+REQUIRED = ("BLOCKS", "BLOCK_SHAPES", "inner", "horizontal_projection", "riemannian_gradient", "geodesic_acceleration",
+            "second_order_geodesic", "act")
+_REGENERATE = "regenerate it with `geosharp derive --spec FILE.py --out DIR` (generated modules are never edited)"
+
 #: the built-in quotient metrics of a GL(h) pair (paper Eqs. (5)/(6) lifted to matrices): ``gl_<metric>``
 METRICS = ("inv", "mix")
 
@@ -70,7 +75,34 @@ def module_from_source(name: str, source: str) -> ModuleType:
     mod = ModuleType(f"geosharp_user_kernels.{name}")
     mod.__file__ = f"<generated {name}>"
     mod.KERNEL_NAME = name
-    exec(compile(source, mod.__file__, "exec"), mod.__dict__)
+    try:
+        exec(compile(source, mod.__file__, "exec"), mod.__dict__)
+    except Exception as exc:
+        raise ValueError(f"generated kernel module {name!r} does not run ({_reason(exc)}); {_REGENERATE}") from None
+    return check_kernel_module(mod, f"generated kernel module {name!r}")
+
+
+def _reason(exc) -> str:
+    line = f" (line {exc.lineno})" if isinstance(exc, SyntaxError) and exc.lineno else ""
+    first = (str(exc).splitlines() or [""])[0]
+    return f"{type(exc).__name__}{line}: {first}"
+
+
+def check_kernel_module(mod: ModuleType, where: str) -> ModuleType:
+    """``mod`` if it defines everything a generated kernel module does (:data:`REQUIRED`: ``BLOCKS`` as a tuple
+    of names, ``BLOCK_SHAPES`` one shape per block, the kernels as functions), else ValueError."""
+    missing = [k for k in REQUIRED if not hasattr(mod, k)]
+    if missing:
+        raise ValueError(f"{where} lacks {missing}: it is truncated or not a module `geosharp derive` wrote; "
+                         f"{_REGENERATE}")
+    blocks, shapes = mod.BLOCKS, mod.BLOCK_SHAPES
+    if not (isinstance(blocks, (tuple, list)) and blocks and all(isinstance(b, str) for b in blocks)
+            and isinstance(shapes, (tuple, list)) and len(shapes) == len(blocks)):
+        raise ValueError(f"{where}: BLOCKS must be a tuple of block names and BLOCK_SHAPES one shape per block, got "
+                         f"{blocks!r} and {shapes!r}; {_REGENERATE}")
+    not_callable = [k for k in REQUIRED[2:] if not callable(getattr(mod, k))]
+    if not_callable:
+        raise ValueError(f"{where}: {not_callable} are not functions; {_REGENERATE}")
     return mod
 
 
@@ -88,7 +120,10 @@ def _load_file(path: Path) -> ModuleType:
     sys.modules[key] = mod
     try:
         spec.loader.exec_module(mod)
-    except Exception:
+        check_kernel_module(mod, f"kernel module {str(path)!r}")
+    except Exception as exc:
         del sys.modules[key]
-        raise
+        if isinstance(exc, ValueError):
+            raise
+        raise ValueError(f"kernel module {str(path)!r} does not run ({_reason(exc)}); {_REGENERATE}") from None
     return mod

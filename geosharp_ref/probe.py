@@ -30,9 +30,26 @@ def classification_head(model: nn.Module, num_labels: int) -> nn.Linear:
     return heads[-1]
 
 
+def _last_token(features, chunk, model):
+    """A decoder's sequence head (``LlamaForSequenceClassification`` and kin) is applied at every position,
+    (B, L, d), and its logits are taken at the last non-padding token: ``argmax_t t·[input_ids_t ≠ pad]`` as
+    transformers computes it. The same pooling of the features, (B, d)."""
+    if features.dim() != 3:
+        return features
+    ids = chunk.get("input_ids") if isinstance(chunk, dict) else None
+    pad = getattr(getattr(model, "config", None), "pad_token_id", None)
+    if ids is None or pad is None:
+        raise ValueError(f"{type(model).__name__}'s head reads every position, so the probe needs the last "
+                         f"non-padding token of each example: give input_ids, and a pad_token_id in config.json")
+    positions = torch.arange(ids.shape[-1], device=ids.device)
+    last = (positions * (ids != pad).int()).argmax(-1)
+    return features[torch.arange(features.shape[0], device=features.device), last.to(features.device)]
+
+
 @torch.no_grad()
 def head_features(model: nn.Module, head: nn.Linear, inputs, batch_size: int = 64) -> torch.Tensor:
-    """The inputs of ``head`` for every example, (N, d), the model in eval mode."""
+    """The inputs of ``head`` for every example, (N, d), the model in eval mode (a decoder's per-position
+    features pooled at the last non-padding token, as its sequence-classification head does)."""
     feats = []
     hook = head.register_forward_hook(lambda mod, args, out: feats.append(args[0].detach()))
     was_training = model.training
@@ -44,6 +61,7 @@ def head_features(model: nn.Module, head: nn.Linear, inputs, batch_size: int = 6
             chunk = ({k: (v[i:i + batch_size] if torch.is_tensor(v) else v) for k, v in inputs.items()}
                      if isinstance(inputs, dict) else inputs[i:i + batch_size])
             call_model(model, params, chunk)
+            feats[-1] = _last_token(feats[-1], chunk, model)
     finally:
         hook.remove()
         model.train(was_training)

@@ -15,20 +15,31 @@ results; it is imported only when its command runs, so help and argument errors 
 torch. Only ``derive`` imports the SymPy engine.
 
 Errors: bad input (a missing file, an invalid value, a declaration the engine refuses, a full disk) prints
-one line ``geosharp: error: …`` on stderr and exits with code 2; ``verify`` exits with 1 when a check fails.
-The README's bad-input table lists each case; ``tests/geosharp_ref/cli/test_bad_input.py`` tests each row.
+one line ``geosharp: error: …`` on stderr and exits with code 2; ``verify`` exits with 1 when a check fails;
+Ctrl-C prints one line and exits with 130 (no traceback). A failed run removes the output directories it
+created (where they hold no file); every file is written atomically, so none is left half-written.
+docs/reference/errors.md lists each refused input with the test that covers it.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import importlib.metadata
+import shutil
 import sys
+import warnings
+from pathlib import Path
 
 from ..cpu_allocator import keep_freed_memory
 from .parser import COMMANDS, build_parser
 
-__all__ = ["main"]
+__all__ = ["main", "one_line", "EXIT_INTERRUPTED"]
+
+#: the exit code after Ctrl-C (128 + SIGINT, as a shell reports it)
+EXIT_INTERRUPTED = 130
+#: the options that name what a command writes: a file (its parent directories may be created) or a directory
+_OUTPUT_FILES = ("json",)
+_OUTPUT_DIRS = ("out", "population_out")
 
 
 def version() -> str:
@@ -56,27 +67,78 @@ def _one_line_errors(parser: argparse.ArgumentParser) -> None:
                 _one_line_errors(sub)
 
 
+def one_line(message) -> str:
+    """``message`` on one line: its lines joined (a library's multi-line text must not follow our line)."""
+    return " ".join(" ".join(str(message).split("\n")).split())
+
+
+def _missing_outputs(args) -> list:
+    """The topmost directories on the way to each output of ``args`` that do not exist yet (the run may create
+    them; a failed run removes them again where they hold no file)."""
+    top = []
+    outputs = [(getattr(args, k, None), True) for k in _OUTPUT_FILES]
+    outputs += [(getattr(args, k, None), args.command == "data") for k in _OUTPUT_DIRS]  # data --out is a file
+    for value, is_file in outputs:
+        if not isinstance(value, str) or not value:
+            continue
+        path = Path(value).absolute()
+        path = path.parent if is_file else path
+        missing = None
+        while not path.exists() and path != path.parent:
+            missing, path = path, path.parent
+        if missing is not None:
+            top.append(missing)
+    return top
+
+
+def _remove_created(dirs) -> None:
+    """Remove the directories of ``dirs`` a failed run created, where no file was written below them."""
+    for d in dirs:
+        if d.is_dir() and not any(p.is_file() or p.is_symlink() for p in d.rglob("*")):
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def main(argv=None) -> int:
     """Run ``geosharp`` with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("geosharp: error: interrupted (Ctrl-C); files are written atomically, so nothing half-written is "
+              "kept: rerun the command to start again (population commands resume where they stopped)",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv) -> int:
     parser = build_parser()
     parser.add_argument("--version", action="version", version=f"geosharp {version()}")
     _one_line_errors(parser)
     try:
         args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     except _UsageError as exc:
-        print(f"geosharp: error: {exc}", file=sys.stderr)
+        print(f"geosharp: error: {one_line(exc)}", file=sys.stderr)
         return 2
-    command = importlib.import_module(f"{__name__}.{COMMANDS[args.command]}")  # lazily: only what runs
-    if args.command != "derive":  # run-time commands: reuse freed heap memory across iterations
-        keep_freed_memory()
+    created = _missing_outputs(args)
+    ok = False
     try:
-        return command.run(args)
+        command = importlib.import_module(f"{__name__}.{COMMANDS[args.command]}")  # lazily: only what runs
+        if args.command != "derive":  # run-time commands: reuse freed heap memory across iterations
+            keep_freed_memory()
+        with warnings.catch_warnings():  # the libraries' own deprecation notices are not the user's to act on
+            warnings.filterwarnings("ignore", category=FutureWarning)
+            warnings.filterwarnings("ignore", category=DeprecationWarning)
+            code = command.run(args)
+        ok = code == 0
+        return code
     except Exception as exc:  # bad input: one clear line, exit code 2
         from_engine = type(exc).__module__.startswith(("derivations", "codegen"))
         if from_engine or isinstance(exc, (ValueError, OSError)):  # OSError: missing files, a full disk, …
-            print(f"geosharp: error: {exc}", file=sys.stderr)
+            print(f"geosharp: error: {one_line(exc)}", file=sys.stderr)
             return 2
         raise
+    finally:
+        if not ok:
+            _remove_created(created)
 
 
 if __name__ == "__main__":

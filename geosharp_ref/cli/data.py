@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from ..io.datasets import DEFAULT_MAX_LENGTH, image_dataset, text_dataset
-from ..io.durable import save_torch_atomic
+from ..io.durable import check_output_path, save_torch_atomic
 from ..io.lm_data import lm_dataset
 
 __all__ = ["run"]
@@ -49,7 +49,7 @@ def _check_args(args) -> Path:
     out = Path(args.out)
     if out.is_dir():
         raise ValueError(f"--out {args.out!r} is a directory; give a file name such as {str(out / 'data.pt')!r}")
-    return out
+    return check_output_path(out, "--out", {"--text": args.text})
 
 
 def _describe_lm(summary: dict, out: Path) -> None:

@@ -49,7 +49,19 @@ def run(args) -> int:
     from codegen.spec import generate_from_spec
 
     t0 = time.perf_counter()
-    if args.spec:
+    choice = getattr(args, "metric", None)
+    if args.spec and _symmetry_only(args.spec):  # a symmetry without a metric: list / derive invariant metrics
+        from codegen.symmetry_spec import families, generate_invariant, listing
+
+        if choice is None:
+            print(listing(args.spec, families(args.spec)))
+            return 0
+        modules, timings = generate_invariant(Path(args.spec), choice, progress=_progress)
+        out = Path(args.out) if args.out else Path.cwd() / "generated_kernels"
+    elif choice is not None:
+        raise ValueError("--metric picks an invariant metric of a spec that declares SYMMETRY and no SPEC; "
+                         "drop --metric (a SPEC file derives all its metrics)")
+    elif args.spec:
         modules, timings = generate_from_spec(Path(args.spec), progress=_progress)
         out = Path(args.out) if args.out else Path.cwd() / "generated_kernels"
     else:
@@ -67,6 +79,12 @@ def run(args) -> int:
     paths = write_modules(modules, out)
     print(f"derived and generated {len(paths)} modules in {elapsed:.1f} s -> {out}")
     return 0
+
+
+def _symmetry_only(path) -> bool:
+    from codegen.symmetry_spec import declares_symmetry_only
+
+    return declares_symmetry_only(path)
 
 
 def _progress(name, seconds):

@@ -10,17 +10,35 @@ from pathlib import Path
 import torch
 
 from ..io.data import load_data, split_batches
-from ..io.models import check_model_dir
+from ..io.durable import check_output_path, write_text_atomic
+from ..forward import batch_to_device, check_finite_batch
+from ..io.models import check_model_dir, resolve_model_dir
 from ..sharpness import EvaluationOptions, evaluate, rho_for_size
+from ..sharpness.average_case import average_case_sharpness
 from ..sharpness.pipeline import check_rho
 from ..symmetry import NoAttentionPairsWarning, Quotient
-from .common import (check_positive, check_symmetry_options, describe_symmetry, load_model_with_head,
+from .common import (resolve_device, check_positive, check_symmetry_options, describe_symmetry, load_model_with_head,
                      requested_symmetries, symmetry_map_quiet)
 
 __all__ = ["run", "PROBE_RHOS"]
 
 #: the probe radii of --target-relative-size
 PROBE_RHOS = (0.01, 0.03)
+
+
+def _quotiented(cfg, args, spec, declared_count) -> str:
+    """What the geodesic measure quotiented, truthfully: the attention pairs kept and yielded, the declared and
+    built-in bindings (each with its metric), the rest adaptive."""
+    if cfg.get("metric") is None:
+        return ""
+    pairs, yielded = cfg.get("pairs", 0), len(cfg.get("yielded") or ())
+    bindings = len(cfg["factors"]) - pairs if cfg.get("factors") is not None else 0
+    parts = [f"{cfg['metric']} on {pairs} attention pairs" + (f" ({yielded} yielded to bindings)" if yielded else "")]
+    if spec is not None:
+        parts.append(f"{args.metric} on {declared_count} declared bindings")
+    if bindings - declared_count > 0:
+        parts.append(f"{bindings - declared_count} built-in bindings")
+    return " (" + "; ".join(parts) + "; adaptive elsewhere)"
 
 
 def run(args) -> int:
@@ -31,6 +49,9 @@ def run(args) -> int:
         check_rho(args.rho)
     else:
         check_positive("--target-relative-size", args.target_relative_size)
+        if args.target_relative_size > 1:
+            raise ValueError(f"--target-relative-size {args.target_relative_size:g} is above 1, a perturbation larger "
+                             f"than the weights themselves (‖Δθ‖ > ‖θ‖); give a fraction such as 2e-4")
     if args.iters < 1:
         raise ValueError(f"--iters must be at least 1, got {args.iters}")
     if args.batch_size < 1:
@@ -38,30 +59,44 @@ def run(args) -> int:
     if args.batches is not None and args.batches < 1:
         raise ValueError(f"--batches must be at least 1, got {args.batches}")
     spec = check_symmetry_options(args, args.metric)
+    if args.json:
+        check_output_path(args.json, "--json", {"--data": args.data, "--spec": args.spec})
     if args.metric == "adaptive" and args.all_symmetries:
         raise ValueError("--all-symmetries quotients symmetries for geodesic sharpness: use --metric inv or mix")
     geodesic_metric = args.attention_metric if spec is not None else args.metric
     options = EvaluationOptions(
         metric=None if args.metric == "adaptive" else geodesic_metric, n_iter=args.iters, eps=args.eps,
         geodesic_correction=not args.no_geodesic_correction, metric_norm=not args.no_metric_norm,
-        gradient=args.gradient, seed=args.seed, dtype=torch.float64 if args.float64 else None, progress=True)
+        gradient=args.gradient, seed=args.seed, dtype=torch.float64 if args.float64 else None, progress=True,
+        geodesic=args.geodesic, steps=args.steps)
+    if args.geodesic == "exact" and args.metric == "adaptive":
+        raise ValueError("--geodesic exact integrates the geodesics of a quotient metric: use --metric inv or mix")
+    if args.average_case and args.samples < 2:
+        raise ValueError(f"--samples must be at least 2 (for a standard error), got {args.samples}")
+    device = resolve_device(args)
     check_model_dir(args.model_dir)
     inputs, targets, n = load_data(args.data)
     n_batches = args.batches if args.batches is not None else max(1, n // args.batch_size)
     batches = split_batches(inputs, targets, n_batches, args.batch_size, f"data file {args.data!r}")
+    for i, b in enumerate(batches):  # before the model is loaded: e.g. a batch with no scored token
+        check_finite_batch(b, i)
     model, probe = load_model_with_head(args.model_dir, args.num_labels, (inputs, targets, n), args.seed)
+    model = model.to(device)  # the library computes on the model's device (batches follow it)
 
     name = type(model).__name__
     print(f"{args.metric} sharpness of {name} ({args.model_dir})")
+    print(f"  device    : {device}")
     print(f"  data      : {args.data}, {n_batches} batches × {args.batch_size} (first "
           f"{n_batches * args.batch_size} of {n} examples)")
-    smap, symmetries = None, None
+    smap, symmetries, declared_count = None, None, 0
     if args.metric != "adaptive":
         smap = symmetry_map_quiet(model)
         describe_symmetry(smap)
-        symmetries = requested_symmetries(args, spec, model, batches[0])
+        first = batch_to_device(batches[0], device)  # the checks run on the model's device
+        symmetries = requested_symmetries(args, spec, model, first)
+        declared_count = sum(1 for b in symmetries or () if not isinstance(b, str))
         if symmetries is not None:  # "all" resolved once (the radius probes reuse it)
-            symmetries = Quotient.resolve(model, batches[0], metric=geodesic_metric, symmetries=symmetries,
+            symmetries = Quotient.resolve(model, first, metric=geodesic_metric, symmetries=symmetries,
                                              smap=smap).bindings
         if not smap.groups and symmetries is None:
             print(f"geosharp: warning: no recognised GL(h) attention in {name}: geodesic sharpness equals "
@@ -70,6 +105,12 @@ def run(args) -> int:
     def measure(rho, on, progress=True):
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=NoAttentionPairsWarning)
+            if args.average_case:  # E_ξ L(γ_ξ(1)) − L(θ) (sharpness/average_case.py)
+                return average_case_sharpness(
+                    model, on, rho, metric=options.metric, n_samples=args.samples, distribution=args.distribution
+                    or ("gaussian" if options.metric is None else "sphere"), geodesic=args.geodesic,
+                    steps=args.steps, seed=args.seed, symmetry_map=smap, symmetries=symmetries, eps=args.eps,
+                    dtype=options.dtype, progress=progress)
             return evaluate(model, on, rho, replace(options, progress=progress), smap=smap, symmetries=symmetries)
 
     rho = args.rho
@@ -80,16 +121,23 @@ def run(args) -> int:
               + ", ".join(f"ρ {r:g} → {x:.3g}" for r, x in zip(PROBE_RHOS, sizes)) + ")")
     result = measure(rho, batches)
     cfg = result.config
-    opts = f"APGD {cfg['n_iter']} iterations, {cfg['dtype'].replace('torch.', '')}"
-    if smap is not None:
+    opts = f"APGD {cfg['n_iter']} iterations, {cfg['dtype'].replace('torch.', '')}" if not args.average_case else \
+        f"{cfg['n_samples']} samples, {cfg['distribution']}, {cfg['dtype'].replace('torch.', '')}"
+    if cfg.get("geodesic") == "exact":
+        opts += f", exact geodesic ({cfg['steps']} RK4 steps)"
+    if smap is not None and not args.average_case:
         opts += (f", eps {cfg['eps']:g}, geodesic correction {'on' if cfg['geodesic_correction'] else 'off'}, "
                  f"metric norm {'on' if cfg['metric_norm'] else 'off'}, gradient {cfg['gradient']}")
     if cfg.get("factors") is not None:
         print(f"  factors   : {len(cfg['factors'])} quotiented symmetries (attention pairs and bindings)"
               + (f"; {len(cfg['yielded'])} attention pairs yielded to a binding" if cfg.get("yielded") else ""))
-    print(f"  measure   : {result.measure}")
+    print(f"  measure   : {result.measure}" + _quotiented(cfg, args, spec, declared_count if smap is not None else 0))
     print(f"  rho       : {result.rho:g} ({opts})")
-    print(f"  mean      : {result.mean:.6g}")
+    print(f"  mean      : {result.mean:.6g}" + (f" ± {cfg['standard_error']:.2g} (Monte Carlo standard error)"
+                                                  if args.average_case else ""))
+    if cfg.get("geodesic_gap") is not None:
+        print(f"  second order at the maximiser: {', '.join(f'{v:.6g}' for v in cfg['second_order_per_batch'])} "
+              f"(exact − second order: {', '.join(f'{v:.3g}' for v in cfg['geodesic_gap'])})")
     print(f"  per batch : {', '.join(f'{v:.6g}' for v in result.per_batch)}")
     groups = result.relative_size_groups[0] if result.relative_size_groups else {}
     print(f"  ‖Δθ‖/‖θ‖  : median {result.median_relative_size:.3g} over the batches"
@@ -100,7 +148,7 @@ def run(args) -> int:
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)
         d = result.to_dict()
-        d.update(model_dir=str(Path(args.model_dir).resolve()), model_class=name,
+        d.update(model_dir=str(resolve_model_dir(args.model_dir).resolve()), model_class=name,
                  data=str(Path(args.data).resolve()), batches=n_batches, batch_size=args.batch_size,
                  examples_available=n)
         if probe is not None:
@@ -111,6 +159,6 @@ def run(args) -> int:
             d["all_symmetries"] = bool(args.all_symmetries)
         if smap is not None:
             d["refused"] = [list(r) for r in smap.refused]
-        out.write_text(json.dumps(d, indent=2) + "\n")
+        write_text_atomic(out, json.dumps(d, indent=2) + "\n")
         print(f"  json      : {out}")
     return 0

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["build_parser", "COMMANDS", "DATA_FORMAT", "POPULATION_TASKS", "MEASURE_NAMES"]
+__all__ = ["build_parser", "add_device_option", "COMMANDS", "DATA_FORMAT", "POPULATION_TASKS", "MEASURE_NAMES"]
 
 #: command (or ``population`` action) -> the module of this package that runs it (``run(args)``)
 COMMANDS = {"derive": "derive", "demo": "demo", "evaluate": "evaluate", "verify": "verify", "diagnet": "diagnet",
-            "population": "population", "data": "data", "symmetries": "symmetries"}
+            "population": "population", "data": "data", "symmetries": "symmetries", "curvature": "curvature"}
 
 # Kept in step with geosharp_ref.studies.population.tasks.TASKS and geosharp_ref.sharpness.measures.MEASURES
 # (tests check both); spelled out here so that building the parser imports neither.
@@ -20,10 +20,16 @@ POPULATION_TASKS = ("vision", "text", "minilm-seeds", "minilm-recipes", "tweets-
                     *(f"tweets-pilot-{k}" for k in range(1, 6)))
 MEASURE_NAMES = ("adaptive", "geodesic-inv", "geodesic-mix", "geodesic-inv-first-order",
                  "geodesic-mix-first-order", "geodesic-inv-frobenius", "geodesic-mix-frobenius",
-                 "adaptive-linearised", "geodesic-inv-linearised", "geodesic-mix-linearised")
+                 "adaptive-linearised", "geodesic-inv-linearised", "geodesic-mix-linearised",
+                 "geodesic-inv-exact", "geodesic-mix-exact", "average-adaptive", "average-adaptive-sphere",
+                 "average-geodesic-inv", "average-geodesic-mix", "hessian-trace-inv", "hessian-trace-mix",
+                 "hessian-trace-euclidean", "hessian-top-eigenvalue-inv", "hessian-top-eigenvalue-mix",
+                 "hessian-top-eigenvalue-euclidean")
 HEADLINE = MEASURE_NAMES[:3]
 ABLATIONS = MEASURE_NAMES[3:7]
-LINEARISED = MEASURE_NAMES[7:]
+LINEARISED = MEASURE_NAMES[7:10]
+EXACT_AND_AVERAGE = MEASURE_NAMES[10:16]
+CURVATURE = MEASURE_NAMES[16:22]
 POPULATION_RHOS = (0.003, 0.01, 0.03, 0.1)
 DIAGNET_RHOS = (0.001, 0.01, 0.1, 0.5)
 
@@ -57,6 +63,10 @@ def _add_derive(sub):
     p.add_argument("--out", metavar="DIR", help="output directory (default: the package's codegen/generated for "
                                                 "built-ins, ./generated_kernels for --spec)")
     p.add_argument("--check", action="store_true", help="only check that the files on disk are up to date")
+    p.add_argument("--metric", metavar="CHOICE",
+                   help="with a spec that declares SYMMETRY and no SPEC: the invariant metric to derive (m1, an index, "
+                        "a sum such as m1+m3, or a built-in name in the family such as inv); without it the "
+                        "invariant metrics are listed (docs/guides/invariant-metrics.md)")
 
 
 def _add_demo(sub):
@@ -103,9 +113,31 @@ def _add_evaluate(sub):
                    help="gradient in ξ: 'exact' differentiates through the ½γ̈ correction (default); "
                         "'perturbed' takes ∇L at the perturbed weights as in the paper's Algorithm 1 "
                         "(faster backward, geodesic only)")
+    p.add_argument("--geodesic", choices=("second-order", "exact"), default="second-order",
+                   help="γ_ξ(1): the second-order geodesic θ + ξ + ½γ̈(0) (default) or the exact geodesic integrated "
+                        "with RK4 (geodesic only; reports the second-order value at the maximiser beside it)")
+    p.add_argument("--steps", type=int, default=None, metavar="N",
+                   help="RK4 steps of --geodesic exact (default 8)")
+    p.add_argument("--average-case", action="store_true",
+                   help="average-case sharpness E_ξ L(γ_ξ(1)) − L(θ) (Monte Carlo) instead of the worst case: "
+                        "with --metric inv|mix ξ uniform on the horizontal metric sphere, with adaptive "
+                        "δ ~ N(0, ρ² diag|θ|²) (Andriushchenko et al. 2023)")
+    p.add_argument("--samples", type=int, default=32, metavar="N",
+                   help="Monte Carlo samples per batch of --average-case (default 32)")
+    p.add_argument("--distribution", choices=("sphere", "gaussian"),
+                   help="--average-case: ξ on the metric sphere of radius ρ or ρ × a metric-standard Gaussian "
+                        "(default sphere for inv|mix, gaussian for adaptive)")
     _num_labels_option(p)
+    add_device_option(p)
     p.add_argument("--json", metavar="OUT", help="write the result (SharpnessResult.to_dict() plus model "
                                                  "and data paths) as JSON; parent directories are created")
+
+
+def add_device_option(p):
+    """``--device cpu|cuda|cuda:N`` (default: CUDA when available, else the CPU); resolved and validated by
+    :func:`geosharp_ref.cli.common.resolve_device` (one shared option for every command that computes)."""
+    p.add_argument("--device", metavar="DEV", default=None,
+                   help="where to compute: cpu, cuda or cuda:N (default: cuda when available, else cpu)")
 
 
 def _symmetry_options(p, verify=False):
@@ -159,6 +191,7 @@ def _add_verify(sub):
                         "measured change), printed as one error line, exit 1")
     _symmetry_options(p, verify=True)
     _num_labels_option(p)
+    add_device_option(p)
 
 
 def _check_batch_options(p):
@@ -183,6 +216,7 @@ def _add_symmetries(sub):
     p.add_argument("--spec", metavar="FILE.py", help="also bind and check the symmetries a spec file declares")
     p.add_argument("--metric", metavar="NAME", help="with --spec: only this metric of the spec file")
     _num_labels_option(p)
+    add_device_option(p)
     p.add_argument("--json", metavar="OUT", help="also write the map as JSON (groups, refused, adaptive, the "
                                                  "further symmetries bound or refused)")
 
@@ -272,7 +306,9 @@ def _population_evaluation_options(p, study=False):
     p.add_argument("--measures", nargs="+", default=None if study else list(HEADLINE), choices=MEASURE_NAMES,
                    metavar="M", help=f"default {task_default}adaptive geodesic-inv geodesic-mix; ablations: "
                                      + " ".join(ABLATIONS) + "; first-order (ρ times the gradient's dual norm): "
-                                     + " ".join(LINEARISED))
+                                     + " ".join(LINEARISED) + "; exact geodesic and average-case: "
+                                     + " ".join(EXACT_AND_AVERAGE) + "; Hessian curvature (ρ unused): "
+                                     + " ".join(CURVATURE))
     p.add_argument("--batches", type=int, default=None if study else 4, metavar="N",
                    help=f"fixed training batches (default {task_default}4)")
     p.add_argument("--batch-size", type=int, default=None if study else 32, metavar="B",
@@ -308,6 +344,7 @@ def _add_population(sub):
                                              "evaluation-TAG.json, correlation-TAG.*), e.g. for ablations")
     e.add_argument("--seed", type=int, default=0, help="Auto-PGD seed (default 0)")
     e.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
+    add_device_option(e)
     e.add_argument("--no-progress", action="store_true", help="no progress bars")
     st = acts.add_parser("study", help="train, evaluate and correlate in one command (each stage resumes)")
     st.add_argument("--out", required=True, metavar="DIR", help="population directory")
@@ -365,11 +402,48 @@ def _add_population(sub):
                         "(correlation_by-KEY.png), e.g. augment or lr")
 
 
+def _add_curvature(sub):
+    p = sub.add_parser("curvature", help="Hessian trace and top eigenvalues of a saved model, on the quotient and "
+                                         "Euclidean",
+                       description="Hutchinson trace (± standard error) and top-k Lanczos eigenvalues of the "
+                                   "Riemannian Hessian of the mean loss on the quotient by the model's symmetries, "
+                                   "and of the Euclidean Hessian, over the first N·B examples of FILE "
+                                   "(docs/guides/curvature.md).",
+                       epilog=DATA_FORMAT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model_dir", metavar="MODEL_DIR", help="local Hugging Face-format model directory")
+    p.add_argument("--data", required=True, metavar="FILE", help="data file (format below)")
+    p.add_argument("--metric", choices=("inv", "mix"), default="mix",
+                   help="quotient metric of the attention pairs (default mix)")
+    p.add_argument("--all-symmetries", action="store_true",
+                   help="also quotient every built-in symmetry that applies and passes its check (as evaluate)")
+    p.add_argument("--no-euclidean", action="store_true", help="skip the Euclidean Hessian")
+    p.add_argument("--batches", type=int, default=1, metavar="N", help="number of batches (default 1)")
+    p.add_argument("--batch-size", type=int, default=8, metavar="B", help="examples per batch (default 8)")
+    p.add_argument("--probes", type=int, default=16, metavar="M",
+                   help="Hutchinson probes of the trace (default 16; 0 skips the trace)")
+    p.add_argument("--distribution", choices=("rademacher", "gaussian"), default="rademacher",
+                   help="probe distribution (default rademacher)")
+    p.add_argument("--top-k", type=int, default=3, metavar="K",
+                   help="top eigenvalues by Lanczos (default 3; 0 skips them)")
+    p.add_argument("--lanczos-steps", type=int, metavar="S",
+                   help="Lanczos steps, one Hessian-vector product each (default max(2K + 10, 20))")
+    p.add_argument("--eps", type=float, default=0.0, help="Gram relaxation XᵀX + εI (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the probes, Lanczos start and probe head")
+    p.add_argument("--float64", action="store_true", help="compute in float64 (a copy of the model)")
+    p.add_argument("--num-labels", type=int, metavar="K",
+                   help="for a checkpoint without a classification head: attach a seeded K-class head and fit "
+                        "it as a linear probe on the data with the backbone frozen (as evaluate)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_device_option(p)
+    p.add_argument("--json", metavar="OUT", help="write every number as JSON (atomically; parent directories "
+                                                 "are created)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole ``geosharp`` parser: one subparser per command (see :data:`COMMANDS`)."""
     parser = argparse.ArgumentParser(prog="geosharp", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_derive, _add_demo, _add_evaluate, _add_verify, _add_symmetries, _add_data, _add_diagnet,
-                _add_population):
+                _add_population, _add_curvature):
         add(sub)
     return parser

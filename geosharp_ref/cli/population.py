@@ -1,6 +1,7 @@
 """``geosharp population train|evaluate|study|calibrate|import|reliability|correlate``: the population study's actions."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from .. import distributed as gdist
@@ -9,15 +10,51 @@ from ..studies.population.correlation import correlate_population, parse_where
 from ..studies.population.evaluation import evaluate_population
 from ..studies.population.importing import import_population
 from ..studies.population.manifest import MANIFEST, population_files
+from ..studies.population.options import (check_calibration, check_count, check_evaluation, check_seed, check_sizes,
+                                          check_training)
 from ..studies.population.reliability import gap_reliability
 from ..studies.population.study import run_study
 from ..studies.population.training import train_population
+from .common import resolve_device
 
-__all__ = ["run"]
+__all__ = ["run", "check_options", "MIN_POPULATION_MODELS"]
+
+#: a population ranks its models: train and import need at least two (correlate's Kendall τ needs three)
+MIN_POPULATION_MODELS = 2
+
+
+def check_options(args) -> None:
+    """Every numeric option of the action, checked once before anything is read or written (the library
+    functions check them again for their own callers)."""
+    a = args.action
+    if a in ("train", "study"):
+        check_training(args.models, args.seed, getattr(args, "split_seed", 0), args.epochs_max, args.train_size_max,
+                       args.workers, min_models=MIN_POPULATION_MODELS if a == "train" else 3)
+    if a == "evaluate":
+        check_evaluation(args.rho, args.measures, args.batches, args.batch_size, args.iters, args.seed, args.threads,
+                         args.sizes)
+    if a == "study":
+        for name, value in (("--batches", args.batches), ("--batch-size", args.batch_size), ("--iters", args.iters)):
+            check_count(name, value, optional=True)
+        if args.rho is not None:
+            check_evaluation(args.rho, args.measures or ["adaptive"], 1, 1, 1)
+        check_sizes("--sizes", args.sizes, optional=True)
+    if a == "calibrate":
+        check_calibration(args.sizes, args.models, args.batch_size, args.probe_rho, args.iters)
+    if a == "import" and len(args.models) < MIN_POPULATION_MODELS:
+        raise ValueError(f"--models names {len(args.models)} model; a population ranks its models, so import at least "
+                         f"{MIN_POPULATION_MODELS} (3 for `population correlate`), or measure one model with "
+                         f"`geosharp evaluate MODEL_DIR --data FILE`")
+    if a == "reliability":
+        check_count("--splits", args.splits)
+        check_seed("--seed", args.seed)
+    if a in ("study", "correlate"):
+        check_count("--bootstrap", args.bootstrap)
 
 
 def run(args) -> int:
     """Run one population action (errors propagate to the CLI's one-line error handler)."""
+    check_options(args)
     if args.action == "train":
         man = train_population(args.out, n_models=args.models, seed=args.seed, split_seed=args.split_seed,
                                epochs_max=args.epochs_max, workers=args.workers, task=args.task,
@@ -32,11 +69,15 @@ def run(args) -> int:
             cal = read_calibration(args.out)
             rhos = calibrated_grid(cal, args.measures, sizes=args.sizes)
             sizes = args.sizes or cal["settings"]["sizes"]
+        # --device, or by default CUDA when available; under torchrun (WORLD_SIZE > 1) without --device each
+        # rank takes its own GPU (cuda:LOCAL_RANK with NCCL, else the CPU)
+        torchrun = int(os.environ.get("WORLD_SIZE", "1")) > 1
+        device = None if torchrun and args.device is None else resolve_device(args)
         with gdist.maybe_init():
             recs = evaluate_population(args.out, rhos=rhos, sizes=sizes, measures=args.measures,
                                        n_batches=args.batches, batch_size=args.batch_size, n_iter=args.iters,
                                        seed=args.seed, threads=args.threads, progress=not args.no_progress,
-                                       tag=args.tag)
+                                       tag=args.tag, device=device)
             if gdist.rank_world()[0] == 0:
                 print(f"{len(recs)} models evaluated -> {Path(args.out) / population_files(args.tag)['results']}")
     elif args.action == "study":

@@ -8,12 +8,12 @@ attention pairs, the built-ins) N group elements whose action must leave the log
 """
 from __future__ import annotations
 
-import copy
 import sys
 import time
 
 import torch
 
+from ..forward import batch_to_device, float64_inputs
 from ..io.data import load_data, random_batch, split_batches
 from ..io.models import check_model_dir
 from ..kernels import kernel_name
@@ -22,7 +22,8 @@ from ..verification.orbits import (INVARIANCE_TOL, INVARIANT_QUANTITIES, QUANTIT
                                    orbit_invariance, orbit_quantities, relative_change)
 from ..symmetry import SymmetryMap, Quotient, find_symmetries
 from ..symmetry.declared import declared_bindings
-from .common import (check_positive, check_symmetry_options, load_model_with_head, requested_symmetries,
+from ..symmetry.summary import summary_lines
+from .common import (resolve_device, check_positive, check_symmetry_options, load_model_with_head, requested_symmetries,
                      symmetry_map_quiet)
 
 __all__ = ["run"]
@@ -48,11 +49,13 @@ def run(args) -> int:
     for s in scales:
         check_positive("every scale in --scales", s)
     spec = check_symmetry_options(args, args.metric)
+    device = resolve_device(args)
     check_model_dir(args.model_dir)
     data = load_data(args.data) if args.data else None  # fail early on a bad file
     model, _ = load_model_with_head(args.model_dir, args.num_labels, data, args.seed)
-    model64 = copy.deepcopy(model).to(torch.float64).eval()
     name = type(model).__name__
+    model64 = model.to(device=device, dtype=torch.float64).eval()  # in place: no second copy of the weights
+    del model
     smap = symmetry_map_quiet(model64)
     print(f"orbit-invariance check of {name} ({args.model_dir})\n")
     print(smap)
@@ -68,6 +71,7 @@ def run(args) -> int:
         inputs, targets, n = data
         b = min(args.batch_size, n)
         (batch,) = split_batches(inputs, targets, 1, b, f"data file {args.data!r}")
+        batch = batch_to_device((float64_inputs(batch[0]), batch[1]), device)  # float64 images, model's device
         source = f"first {b} of {n} examples of {args.data}"
     else:
         batch = random_batch(model64, args.batch_size, seed=args.seed)
@@ -89,15 +93,15 @@ def run(args) -> int:
         report = find_symmetries(model64, batch, metric=args.attention_metric, seed=args.seed)
         taken = {n for b in symmetries[:-1] for n in b.param_names}
         found = [b for b in report.bindings if not taken.intersection(b.param_names)]
-        for b in found:
-            print(f"    bound   {b.key} (built-in)")
+        for line in summary_lines([(b.key, "built-in") for b in found], indent="    ", status="bound  "):
+            print(line)  # one line per family repeated over layers
         symmetries = symmetries[:-1] + found
     if symmetries is not None:
         print(f"further symmetries quotiented and moved along their orbits: {len(symmetries)} bindings "
               f"(group elements of scale a from each binding's random_element)")
     print(f"A = a·Q·diag(u) per head (Q orthogonal, u ~ U[0.5, 2], seed {args.seed}), applied with "
           f"SymmetryMap.act to a float64 copy")
-    print(f"batch: {source}; rho {args.rho:g}, APGD {args.iters} iterations, float64")
+    print(f"batch: {source}; rho {args.rho:g}, APGD {args.iters} iterations, float64 on {device}")
     print("relative change |f(ψ(A, θ)) − f(θ)| / |f(θ)| (output: max-abs over the "
           f"{'log-probabilities' if symmetries else 'logits'})\n")
 

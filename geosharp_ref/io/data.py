@@ -12,13 +12,26 @@ classifier, (examples, L) for per-token logits. The loss is the mean cross-entro
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
 
 from ..forward import call_model, model_logits
 
-__all__ = ["load_data", "slice_examples", "split_batches", "random_batch", "slice_inputs"]
+__all__ = ["load_data", "slice_examples", "split_batches", "random_batch", "slice_inputs", "check_inputs_fit",
+           "library_reason"]
+
+
+def library_reason(exc, limit: int = 200) -> str:
+    """``TypeName: the first line`` of a library's exception (torch's and transformers' messages run over many
+    lines of advice that is not ours to give), cut at ``limit`` characters."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # no terminal colour codes (torch bolds its advice)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    first = lines[0].rstrip(":").rstrip() if lines else ""
+    if len(first) > limit:
+        first = first[: limit - 1].rstrip() + "…"
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def load_data(path):
@@ -30,9 +43,12 @@ def load_data(path):
     try:
         obj = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise ValueError(f"could not read data file {str(p)!r} ({exc}); expected a file written with {fmt}") from exc
+        raise ValueError(f"could not read data file {str(p)!r} ({library_reason(exc)}); expected a file of tensors "
+                         f"written with {fmt}") from exc
     if not (isinstance(obj, dict) and "inputs" in obj and "targets" in obj):
-        got = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
+        keys = sorted(map(str, obj)) if isinstance(obj, dict) else []
+        got = (f"{keys[:4]}" + (f" and {len(keys) - 4} more keys" if len(keys) > 4 else "")
+               if isinstance(obj, dict) else type(obj).__name__)
         raise ValueError(f"data file {str(p)!r} must hold a dict with keys 'inputs' and 'targets' "
                          f"(written with {fmt}); got {got}")
     inputs, targets = obj["inputs"], obj["targets"]
@@ -53,6 +69,52 @@ def load_data(path):
             raise ValueError(f"data file {str(p)!r}: inputs {k!r} has shape {tuple(v.shape)} but targets have "
                              f"{n} examples; every tensor needs the examples on its leading dimension")
     return inputs, targets, n
+
+
+def _position_limit(model):
+    """The longest sequence the model's absolute position embeddings take (None: no such table, e.g. rotary)."""
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if isinstance(module, torch.nn.Embedding) and leaf in ("position_embeddings", "wpe", "embed_positions"):
+            offset = 0 if module.padding_idx is None else module.padding_idx + 1  # RoBERTa counts from pad + 1
+            return module.num_embeddings - offset
+    return None
+
+
+def check_inputs_fit(model, inputs, source: str = "the data") -> None:
+    """Refuse inputs the model cannot take, before anything is computed: token ids (``input_ids``, or a tensor
+    for a model whose main input is ``input_ids``) must be integers in ``[0, vocabulary size)``, sequences no
+    longer than the model's absolute position embeddings, ``token_type_ids`` below ``config.type_vocab_size``;
+    floating-point ``pixel_values`` must be floating point."""
+    main = getattr(model, "main_input_name", None)  # a plain module (no main input name): a tensor is not named
+    named = dict(inputs) if isinstance(inputs, dict) else ({main: inputs} if main else {})
+    ids = named.get("input_ids")
+    if torch.is_tensor(ids):
+        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            raise ValueError(f"{source}: input_ids have dtype {ids.dtype}; token ids are integers (torch.long): "
+                             f"build the data with `geosharp data`, or convert them with .long()")
+        emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+        vocab = getattr(emb, "num_embeddings", None) or getattr(getattr(model, "config", None), "vocab_size", None)
+        if vocab and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+            bad = int(ids.max()) if int(ids.max()) >= vocab else int(ids.min())
+            raise ValueError(f"{source}: input_ids hold token id {bad}, outside the model's vocabulary [0, {vocab}); "
+                             f"the data was tokenized for another model: rebuild it with `geosharp data MODEL_DIR "
+                             f"…` (this model's own tokenizer)")
+        limit = _position_limit(model)
+        if limit is not None and ids.dim() >= 2 and ids.shape[-1] > limit:
+            raise ValueError(f"{source}: sequences of {ids.shape[-1]} tokens, but the model's position embeddings "
+                             f"take at most {limit}; rebuild the data with `geosharp data … --max-length {limit}` "
+                             f"(or shorter)")
+    types = named.get("token_type_ids")
+    n_types = getattr(getattr(model, "config", None), "type_vocab_size", None)
+    if torch.is_tensor(types) and n_types and types.numel() and (types.is_floating_point()
+                                                                or int(types.min()) < 0 or int(types.max()) >= n_types):
+        raise ValueError(f"{source}: token_type_ids must be integers in [0, {n_types}) for this model; rebuild the "
+                         f"data with `geosharp data` (this model's own tokenizer)")
+    pixels = named.get("pixel_values")
+    if torch.is_tensor(pixels) and not pixels.is_floating_point():
+        raise ValueError(f"{source}: pixel_values have dtype {pixels.dtype}; images are floating point (as the "
+                         f"model's image processor gives them): build the data with `geosharp data --images`")
 
 
 def slice_examples(x, a, b):
@@ -97,10 +159,12 @@ def random_batch(model, batch_size=4, seq_len=8, seed=0):
         inputs = {"pixel_values": torch.randn((batch_size, c) + hw, generator=gen, dtype=dtype)}
     else:
         raise ValueError(f"cannot build a random batch for a model whose main input is {name!r}; pass --data")
+    device = next(model.parameters()).device  # drawn on the CPU (seeded), used on the model's device
+    inputs = {k: v.to(device) for k, v in inputs.items()}
     with torch.no_grad():
         logits = model_logits(call_model(model, dict(model.named_parameters()), inputs))
     num_labels = logits.shape[-1]
-    targets = torch.randint(num_labels, tuple(logits.shape[:-1]), generator=gen)
+    targets = torch.randint(num_labels, tuple(logits.shape[:-1]), generator=gen).to(device)
     return inputs, targets
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from .data import library_reason
 from .models import quiet_transformers
 
 __all__ = ["text_dataset", "image_dataset", "read_table", "encode_labels", "parse_label_names", "existing_model_dir",
@@ -46,7 +47,9 @@ _INT = re.compile(r"[+-]?\d+")
 
 
 def _one_line(exc) -> str:
-    return " ".join(str(exc).split())
+    """The first line of a library's message (:func:`geosharp_ref.io.data.library_reason` without the type)."""
+    reason = library_reason(exc)
+    return reason.split(": ", 1)[1] if ": " in reason else reason
 
 
 def existing_model_dir(model_dir) -> Path:
@@ -95,6 +98,12 @@ def read_table(path) -> tuple[list[str], list[tuple[int, dict]]]:
                 columns = [c for c in (reader.fieldnames or []) if c is not None]
                 rows = []
                 for row in reader:
+                    if row.get(None):  # more cells than the header: every later column would shift
+                        sep = "a tab" if delimiter == "\t" else repr(delimiter)
+                        raise ValueError(f"text file {str(p)!r} line {reader.line_num} has "
+                                         f"{len(columns) + len(row[None])} cells but the header has {len(columns)} "
+                                         f"columns; quote the cells that hold {sep} (\"…\") or remove the extra "
+                                         f"cells")
                     rows.append((reader.line_num, {k: v for k, v in row.items() if k is not None}))
     except UnicodeDecodeError as exc:
         raise ValueError(f"text file {str(p)!r} is not UTF-8 text ({_one_line(exc)})") from exc

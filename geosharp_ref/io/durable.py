@@ -8,6 +8,8 @@ leaves a half-written file behind:
 * :func:`append_line` — one JSON line appended with a single ``os.write`` and ``os.fsync``;
 * :func:`read_jsonl` — the complete lines of a JSON-lines file, optionally truncating a torn last line;
 * :func:`fsync_dir`, :func:`fsync_tree` — make renames and new files durable;
+* :func:`write_text_atomic` — any text (a command's ``--json`` output), replaced atomically;
+* :func:`check_output_path` — refuse an output that would replace one of the run's own inputs;
 * :func:`exclusive_lock` — one writer at a time (an advisory ``flock`` held for the duration; the OS
   releases it when the process dies, so a killed run never leaves a stale lock).
 """
@@ -22,26 +24,51 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["exclusive_lock", "write_json_atomic", "save_torch_atomic", "append_line", "read_jsonl", "fsync_dir", "fsync_tree"]
+__all__ = ["exclusive_lock", "write_text_atomic", "check_output_path", "write_json_atomic", "save_torch_atomic", "append_line", "read_jsonl", "fsync_dir", "fsync_tree"]
 
 
 def _tmp_beside(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
-def write_json_atomic(path, obj) -> None:
-    """``obj`` as indented, key-sorted JSON in ``path``, replaced atomically (fsync'd first)."""
+def write_text_atomic(path, text: str) -> None:
+    """``text`` in ``path``, replaced atomically (written beside it, fsync'd, then ``os.replace``d): a reader or a
+    killed run sees the old file or the new one, never a part."""
     path = Path(path)
     tmp = _tmp_beside(path)
     try:
-        with open(tmp, "w") as f:
-            f.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def write_json_atomic(path, obj) -> None:
+    """``obj`` as indented, key-sorted JSON in ``path``, replaced atomically (fsync'd first)."""
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def check_output_path(out, option: str, inputs: dict) -> Path:
+    """``out`` (given as ``option``), refused with ValueError when it is a directory or the same file as one of
+    ``inputs`` (``{option: path or None}``): writing it would replace the run's own input."""
+    out = Path(out)
+    if out.is_dir():
+        raise ValueError(f"{option} {str(out)!r} is a directory; give a file name such as "
+                         f"{str(out / 'out.json')!r}")
+    for name, path in inputs.items():
+        if path is None:
+            continue
+        same = out.resolve() == Path(path).resolve()
+        if not same and out.exists() and Path(path).exists():
+            same = os.path.samefile(out, path)
+        if same:
+            raise ValueError(f"{option} {str(out)!r} is the input file of {name}; writing it would replace your "
+                             f"input: give another output file")
+    return out
 
 
 def save_torch_atomic(obj, path) -> None:

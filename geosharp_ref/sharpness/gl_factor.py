@@ -36,6 +36,7 @@ from ..geometry import gl_pair
 from ..kernels import gl_kernels
 from ..lazy_blocks import GramTable
 from ..symmetry import PairGroup
+from .exact_geodesic import GeodesicPart
 from .factors import Factor, check_rank
 from .space import SpaceOptions
 
@@ -265,6 +266,16 @@ class GLPairFactorAt:
         else:
             new = [(G + xi[2 * i], H + xi[2 * i + 1]) for i, (G, H) in enumerate(self.pairs)]
         return [x for pair in new for x in pair]
+
+    def geodesic_parts(self) -> list:
+        """Hook of the exact geodesic (:mod:`~geosharp_ref.sharpness.exact_geodesic`): one part per bucket
+        (stacked groups), the generated ``geodesic_acceleration`` at the current point (no base-point cache)."""
+        K, eps = self.K, self.eps
+
+        def acceleration(p, v):
+            return tuple(K.geodesic_acceleration(*p, *v, eps=eps))
+        return [GeodesicPart([[2 * i for i in idx], [2 * i + 1 for i in idx]], (G, H), acceleration, sizes)
+                for idx, G, H, sizes in self._buckets]
 
     def insert(self, params, blocks):
         for i, grp in enumerate(self.groups):

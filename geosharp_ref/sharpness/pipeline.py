@@ -30,13 +30,14 @@ from ..apgd import apgd
 from ..forward import check_finite_batch, default_loss, model_loss, to_device
 from ..kernels import check_metric
 from ..symmetry import NoAttentionPairsWarning, Quotient, symmetry_map
+from .exact_geodesic import check_geodesic, second_order_params
 from .factors import Factor
 from .gl_factor import gl_pair_factors
 from .result import SharpnessResult, relative_perturbation
 from .space import GRADIENTS, ProductSpace
 
 __all__ = ["EvaluationOptions", "check_rho", "prepare_inputs", "check_padding_mask", "build_space", "evaluate",
-           "gradient_dual_norm", "binding_factors", "pair_factors", "MAX_RHO", "PAD_RUN", "NO_PAIRS_MESSAGE"]
+           "gradient_dual_norm", "evaluation_quotient", "binding_factors", "pair_factors", "MAX_RHO", "PAD_RUN", "NO_PAIRS_MESSAGE"]
 
 #: the largest radius accepted: beyond it the perturbation is larger than the weights themselves
 MAX_RHO = 10.0
@@ -66,7 +67,10 @@ class EvaluationOptions:
     gradient in ξ (:data:`~geosharp_ref.sharpness.space.GRADIENTS`); ``random_start``/``seed``: Auto-PGD's
     start; ``dtype``: the evaluation dtype (None: the model's); ``exclude``: parameters not perturbed;
     ``adaptive_offset``: c = |θ| + offset on the adaptive rest; ``fast``: the fast GL factor (False: every
-    factor generic); ``progress``: a tqdm bar over the batches; ``keep_trajectories``: f at every iterate."""
+    factor generic); ``progress``: a tqdm bar over the batches; ``keep_trajectories``: f at every iterate;
+    ``geodesic``/``steps``: γ_ξ(1) second-order or RK4-integrated
+    (:mod:`~geosharp_ref.sharpness.exact_geodesic`; the result's config then holds the second-order value at
+    the same maximiser, ``second_order_per_batch``, and ``geodesic_gap`` = exact − second-order per batch)."""
 
     metric: Optional[str] = None
     linearised: bool = False
@@ -83,10 +87,17 @@ class EvaluationOptions:
     fast: bool = True
     progress: bool = False
     keep_trajectories: bool = False
+    #: γ_ξ(1): "second-order" (θ + ξ + ½γ̈(0)) or "exact" (RK4, ``steps`` steps; None: the default)
+    geodesic: str = "second-order"
+    steps: Optional[int] = None
 
     def __post_init__(self):
         if self.metric is not None:
             check_metric(self.metric)
+        object.__setattr__(self, "steps", check_geodesic(self.geodesic, self.steps))
+        if self.geodesic == "exact" and not self.geodesic_correction:
+            raise ValueError("geodesic='exact' integrates the geodesic, geodesic_correction=False uses θ + ξ: "
+                             "choose one of them")
         if isinstance(self.n_iter, bool) or not isinstance(self.n_iter, int) or self.n_iter < 1:
             raise ValueError(f"n_iter (Auto-PGD iterations) must be an integer of at least 1, got {self.n_iter!r}")
         for name in ("eps", "adaptive_offset"):
@@ -107,12 +118,14 @@ class EvaluationOptions:
     def space_options(self) -> dict:
         """The options of :class:`~geosharp_ref.sharpness.space.ProductSpace` among these."""
         return dict(geodesic_correction=self.geodesic_correction, metric_norm=self.metric_norm,
-                    gradient=self.gradient, adaptive_offset=self.adaptive_offset, exclude=self.exclude)
+                    gradient=self.gradient, adaptive_offset=self.adaptive_offset, exclude=self.exclude,
+                    geodesic=self.geodesic, steps=self.steps)
 
     @property
     def measure_name(self) -> str:
         base = "adaptive" if self.metric is None else f"geodesic-{self.metric}"
-        return base + ("-linearised" if self.linearised else "")
+        exact = "-exact" if self.geodesic == "exact" and self.metric is not None and not self.linearised else ""
+        return base + ("-linearised" if self.linearised else "") + exact
 
 
 def check_padding_mask(model, batches) -> None:
@@ -218,7 +231,7 @@ def gradient_dual_norm(model, space: ProductSpace, batch, loss_fn=default_loss) 
     return float(space.norm(space.ascent_direction(xi, grad)))
 
 
-def _quotient(model, batch, options: EvaluationOptions, smap, symmetries):
+def evaluation_quotient(model, batch, options: EvaluationOptions, smap, symmetries):
     """The :class:`Quotient` of an evaluation: none for adaptive measures; the attention pairs of ``smap`` (or
     of the model, with :class:`NoAttentionPairsWarning` where it has none and no further symmetry is given)
     and ``symmetries``."""
@@ -247,7 +260,7 @@ def evaluate(model, batches, rho, options: EvaluationOptions = EvaluationOptions
     params, batches, _, dtype = prepare_inputs(model, batches, options.dtype)
     if dtype != next(model.parameters()).dtype:
         model = copy.deepcopy(model).to(dtype)
-    quotient = _quotient(model, batches[0], options, smap, symmetries)
+    quotient = evaluation_quotient(model, batches[0], options, smap, symmetries)
     space = build_space(params, quotient=quotient, fast=options.fast, eps=options.eps, **options.space_options)
     name = measure or options.measure_name
     was_training = model.training
@@ -269,7 +282,11 @@ def evaluate(model, batches, rho, options: EvaluationOptions = EvaluationOptions
                       dtype=str(dtype), pairs=len(groups), heads=sum(g.num_heads for g in groups),
                       adaptive_params=len(space.adaptive_names),
                       factors=space.factor_keys if symmetries is not None else None,
-                      yielded=[list(y) for y in quotient.yielded])
+                      yielded=[list(y) for y in quotient.yielded], geodesic=options.geodesic)
+        if options.geodesic == "exact":  # the second-order value at the same maximiser, and the gap
+            second = out.pop("second_order")
+            config.update(steps=options.steps, second_order_per_batch=second,
+                          geodesic_gap=[e - s for e, s in zip(out["per_batch"], second)])
     per = out["per_batch"]
     return SharpnessResult(measure=name, rho=rho, mean=sum(per) / len(per), seconds=time.perf_counter() - t0,
                            config=config, **out)
@@ -301,6 +318,11 @@ def _maximised(model, space, params, batches, rho, options, loss_fn, name) -> di
                                         pair_params)
         out["relative_size"].append(rel["overall"])
         out["relative_size_groups"].append({k: v for k, v in rel.items() if k != "overall"})
+        if options.geodesic == "exact":  # L(θ + ξ* + ½γ̈(0)) − L(θ) at the maximiser ξ* found
+            with torch.no_grad():
+                l2 = float(model_loss(model, second_order_params(space, res.best_xi), batch, loss_fn)) \
+                    if raised else l0
+            out.setdefault("second_order", []).append(l2 - l0)
         if options.keep_trajectories:
             out["trajectories"].append(res.values)
     return out

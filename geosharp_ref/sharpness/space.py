@@ -30,6 +30,8 @@ Ablations (paper App. G), on every factor: ``geodesic_correction=False`` uses E(
 gradient, still projected horizontally). ``fast=False`` replaces every factor by its generic version
 (``factor.generic()``: no buckets, caches or carried Gram products; the reference the fast hooks are tested
 against). The model's parameters are never modified (new tensors, ``torch.func.functional_call``).
+``geodesic="exact"`` (``steps`` RK4 steps) replaces E_k(ξ) by the integrated geodesic γ_ξ(1) of each factor
+(:mod:`~geosharp_ref.sharpness.exact_geodesic`, factor hook ``geodesic_parts``).
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ import torch
 
 from ..apgd import combine, radial_clip
 from ..geometry import AdaptiveGeometry
+from .exact_geodesic import check_geodesic, exact_bound
 
 __all__ = ["ProductSpace", "Tangent", "Cotangents", "SpaceOptions", "GRADIENTS", "frobenius"]
 
@@ -98,7 +101,7 @@ class ProductSpace:
 
     def __init__(self, params: dict, factors=(), adaptive_masks=None, *, geodesic_correction: bool = True,
                  metric_norm: bool = True, gradient: str = "exact", adaptive_offset: float = 0.0,
-                 exclude: Iterable[str] = (), fast: bool = True):
+                 exclude: Iterable[str] = (), fast: bool = True, geodesic: str = "second-order", steps=None):
         if gradient not in GRADIENTS:
             raise ValueError(f"unknown gradient {gradient!r}; choose one of {GRADIENTS} ('exact' differentiates "
                              "through the geodesic correction, 'perturbed' is the paper's Algorithm 1)")
@@ -111,7 +114,11 @@ class ProductSpace:
         self.geodesic_correction, self.metric_norm, self.gradient = geodesic_correction, metric_norm, gradient
         self.fast = fast
         self.factors = list(factors) if fast else [g for f in factors for g in f.generic()]
-        self.bound = [f.at(params, self.options) for f in self.factors]
+        # geodesic="exact": E_k(ξ) is the RK4-integrated geodesic (factor hook ``geodesic_parts``,
+        # :mod:`~geosharp_ref.sharpness.exact_geodesic`); the adaptive rest stays the straight line θ + ξ
+        self.geodesic, self.steps = geodesic, check_geodesic(geodesic, steps)
+        self.bound = exact_bound(self.factors, params, self.options, self.steps) if geodesic == "exact" else \
+            [f.at(params, self.options) for f in self.factors]
         self.sizes = [b.size for b in self.bound]
         self.adaptive = AdaptiveGeometry(adaptive_offset)
         covered = {n for f in self.factors for n in f.param_names}

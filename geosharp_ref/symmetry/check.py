@@ -7,13 +7,17 @@
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import weakref
 
 import torch
 
-from ..forward import call_model, float64_inputs
+from ..forward import batch_to_device, call_model, float64_inputs, model_device
+from ..kernels import load_kernels
 
-__all__ = ["check_binding", "check_symmetry", "log_probabilities", "CHECK_SCALES", "CHECK_TOL"]
+__all__ = ["check_binding", "check_symmetry", "shared_float64_reference", "float64_parameters",
+           "check_symmetries_together", "rank_refusal", "log_probabilities", "CHECK_SCALES", "CHECK_TOL"]
 
 #: the scales a of the group elements a·Ã every binding is checked with
 CHECK_SCALES = (1e-2, 1e2)
@@ -30,19 +34,77 @@ def log_probabilities(out):
     return torch.log_softmax(logits, dim=-1)
 
 
+#: inside :func:`shared_float64_reference`: model -> (fingerprint of its parameters, float64 model, its params,
+#: {batch key: (inputs, base output)}), so that checking many bindings copies the model once and runs its
+#: unmoved forward once per batch; None outside (every check makes its own copy, freed after it)
+_REFERENCES = None
+
+
+@contextlib.contextmanager
+def shared_float64_reference():
+    """Within this block, :func:`check_binding` calls on one model share one float64 copy and one unmoved
+    forward per batch (released at the end of the outermost block)."""
+    global _REFERENCES
+    outer = _REFERENCES
+    if outer is None:
+        _REFERENCES = weakref.WeakKeyDictionary()
+    try:
+        yield
+    finally:
+        if outer is None:
+            _REFERENCES = None
+
+
+def _fingerprint(model) -> tuple:
+    """Which tensors the model's parameters are and how often they were modified in place (``_version``): a
+    cached copy is reused only while this is unchanged."""
+    return tuple((id(p), p._version, p.dtype, p.device) for p in model.parameters())
+
+
+def _float64_reference(model):
+    """``(m, params, bases)``: ``model`` itself when all its parameters are float64 already (calls are
+    functional: nothing is modified), else one float64 copy (eval), cached while the model's parameters are
+    unchanged; ``bases`` caches unmoved outputs."""
+    fingerprint = _fingerprint(model)
+    ref = _REFERENCES.get(model) if _REFERENCES is not None else None
+    if ref is None or ref[0] != fingerprint:
+        if all(p.dtype == torch.float64 for p in model.parameters()):
+            m = model
+        else:
+            m = copy.deepcopy(model).to(torch.float64).eval()
+        ref = (fingerprint, m, {n: p.detach() for n, p in m.named_parameters()}, {})
+        if _REFERENCES is not None:
+            _REFERENCES[model] = ref
+    return ref[1:]
+
+
+def float64_parameters(model) -> dict:
+    """Name → detached float64 tensor of ``model``'s parameters: those of the shared float64 reference inside
+    :func:`shared_float64_reference` (no further copy), else a fresh copy."""
+    return _float64_reference(model)[1]
+
+
 def check_binding(model, binding, batch, output, elements, tol: float = 1e-10) -> float:
     """Act on a float64 copy of the model with each group element and measure the largest relative change
     of ``output(model output)``; a binding that changes it by more than ``tol`` is refused (ValueError with
-    the measured change). Returns the largest change."""
-    m = copy.deepcopy(model).to(torch.float64).eval()
-    params = {n: p.detach() for n, p in m.named_parameters()}
-    inputs = float64_inputs(batch[0])
+    the measured change). Returns the largest change.
+
+    The float64 copy (none when the model is float64 already) and the unmoved output on ``batch`` are made
+    once per model and reused by later checks while its parameters are unchanged (forwards without autograd:
+    memory is one float64 model plus one forward's activations)."""
+    m, params, bases = _float64_reference(model)
+    inputs = float64_inputs(batch_to_device(batch, model_device(m))[0])  # on the model's device
 
     def run(p):
         with torch.no_grad():
             return output(call_model(m, p, inputs))
 
-    base = run(params)
+    key = (id(batch[0]), output)
+    cached = bases.get(key)
+    if cached is None or cached[0] is not batch[0]:
+        bases.clear()
+        cached = bases[key] = (batch[0], run(params))  # the batch is held, so its id is not reused
+    base = cached[1]
     worst = 0.0
     for a in elements:
         moved = run(binding.act(params, a))
@@ -53,14 +115,82 @@ def check_binding(model, binding, batch, output, elements, tol: float = 1e-10) -
     return worst
 
 
+class _Together:
+    """Several bindings on disjoint parameters acting at once: ``act(params, elements)`` composes their
+    actions (one element per binding)."""
+
+    def __init__(self, bindings):
+        self.bindings = list(bindings)
+        self.key = f"{len(self.bindings)} bindings together"
+
+    def act(self, params, elements):
+        for b, a in zip(self.bindings, elements):
+            params = b.act(params, a)
+        return params
+
+
+def check_symmetries_together(model, bindings, batch, seed: int = 0, params64=None) -> float:
+    """:func:`check_symmetry` of several bindings on disjoint parameters at once: each binding's own random
+    elements (the same ones :func:`check_symmetry` draws) applied together, one forward per scale of
+    :data:`CHECK_SCALES` instead of one per binding and scale. Returns the largest relative change of the
+    log-probabilities; ValueError above :data:`CHECK_TOL` (then check them one by one to name the culprit;
+    generic random elements of different bindings do not cancel each other's changes)."""
+    with shared_float64_reference():
+        if params64 is None:
+            params64 = float64_parameters(model)
+        elements = [[b.random_element(params64, scale=a, seed=seed + i) for b in bindings]
+                    for i, a in enumerate(CHECK_SCALES)]
+        worst = check_binding(model, _Together(bindings), batch, log_probabilities, elements, tol=CHECK_TOL)
+    for b in bindings:
+        if hasattr(b, "checked"):
+            b.checked = True
+    return worst
+
+
+def rank_refusal(binding, params, eps: float = 0.0):
+    """Why ``binding``'s quotient geometry cannot be used at ``params``, or None: for a GL-type geometry (its
+    kernels a matrix group, as :class:`~geosharp_ref.sharpness.factors.GenericFactorAt` tests), a matrix block
+    X (…, n, h) of ``binding.extract(params)`` whose Gram matrix XᵀX (+ eps I) is singular (smallest eigenvalue ≤ 1e-12 × the
+    largest, per leading index, e.g. per head: the test of the GL factors), e.g. a fresh LoRA adapter (peft
+    initialises B = 0). Checked before any compute, so that such a binding is refused and its parameters stay
+    in the adaptive geometry instead of failing in a Cholesky factorisation."""
+    extract = getattr(binding, "extract", None)
+    module = getattr(binding, "kernels", None)
+    try:
+        module = load_kernels(module) if isinstance(module, str) else module
+    except Exception:  # noqa: BLE001 - kernels that do not load are refused later, with their own message
+        return None
+    matrix_group = (module is not None and not getattr(module, "ELEMENTWISE", True)
+                    and isinstance(getattr(module, "GROUP", None), tuple))
+    if extract is None or not matrix_group:  # only GL-type geometries need (XᵀX)⁻¹
+        return None
+    blocks = tuple(extract(params))
+    names = getattr(module, "BLOCKS", tuple(str(i) for i in range(len(blocks))))
+    shapes = getattr(module, "BLOCK_SHAPES", ((),) * len(blocks))
+    for name, X, shape in zip(names, blocks, shapes):
+        if not (len(shape) == 2 and torch.is_tensor(X) and X.dim() >= 2):  # the matrix blocks, as the factor
+            continue
+        X = X.detach().to(torch.float64)
+        ev = torch.linalg.eigvalsh(X.mT @ X)
+        bad = (ev[..., 0] + eps) <= 1e-12 * ev[..., -1].clamp_min(1e-300)
+        if bool(bad.any()):
+            where = bad.nonzero().flatten().tolist() if bad.dim() else []
+            zero = " (all zero: a freshly initialised adapter, peft's B = 0?)" if not bool(X.abs().max() > 0) else ""
+            return (f"its block {name} is rank deficient{f' for heads {where[:8]}' if bad.numel() > 1 else ''}"
+                    f"{zero}: {name}ᵀ{name} is singular (smallest eigenvalue {float(ev[..., 0].min()):.3g}), so the "
+                    f"quotient metric is undefined there; its parameters stay in the adaptive geometry")
+    return None
+
+
 def check_symmetry(model, binding, batch, seed: int = 0, params64=None) -> float:
     """:func:`check_binding` of ``binding`` on ``batch`` with its own random elements at :data:`CHECK_SCALES`
     (``binding.random_element``), on the log-probabilities; returns the largest relative change, ValueError
     (with it) above :data:`CHECK_TOL`. A binding with a ``checked`` flag (a declared binding) is marked checked."""
-    if params64 is None:
-        params64 = {n: p.detach().to(torch.float64) for n, p in model.named_parameters()}
-    elements = [binding.random_element(params64, scale=a, seed=seed + i) for i, a in enumerate(CHECK_SCALES)]
-    worst = check_binding(model, binding, batch, log_probabilities, elements, tol=CHECK_TOL)
+    with shared_float64_reference():
+        if params64 is None:
+            params64 = float64_parameters(model)
+        elements = [binding.random_element(params64, scale=a, seed=seed + i) for i, a in enumerate(CHECK_SCALES)]
+        worst = check_binding(model, binding, batch, log_probabilities, elements, tol=CHECK_TOL)
     if hasattr(binding, "checked"):
         binding.checked = True
     return worst

@@ -131,7 +131,11 @@ def _is_norm(module) -> bool:
 
 
 def _own_params(prefix: str, module) -> list:
-    return [f"{prefix}.{n}" if prefix else n for n, p in module.named_parameters() if p.is_floating_point()]
+    """The floating parameters whose scaling by c scales ``module``'s output by c: all of them, except the
+    down-projections of peft adapters (``lora_A``, ``lora_embedding_A``): with ΔW = s·B A the base weight,
+    bias and B scale (peft names the wrapped weight ``….base_layer.weight``)."""
+    return [f"{prefix}.{n}" if prefix else n for n, p in module.named_parameters() if p.is_floating_point()
+            and not any(part in ("lora_A", "lora_embedding_A") for part in n.split("."))]
 
 
 def _join(prefix, name):
@@ -206,8 +210,7 @@ def _pre_ln_candidates(model) -> list:
                 break
             base = _join(prefix, f"{bpath}.{i}")
             readers += [f"{base}.{a}" for a in r]
-            writers += [f"{base}.{a}.{p}" for a in w for p in ("weight", "bias")
-                        if getattr(_sub(blk, a), p, None) is not None]
+            writers += [n for a in w for n in _own_params(f"{base}.{a}", _sub(blk, a))]  # peft-wrapped too
         if not ok:
             continue
         embed = []

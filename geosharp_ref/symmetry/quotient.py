@@ -30,7 +30,9 @@ from ..kernels import gl_kernels
 from . import adapters, gated, heads, norms, units
 from .attention import NoAttentionPairsWarning, SymmetryMap, symmetry_map
 from .binding import ONE_SYMMETRY, claim
-from .check import CHECK_SCALES, CHECK_TOL, check_symmetry, log_probabilities
+from .summary import summary_lines
+from .check import (CHECK_SCALES, CHECK_TOL, check_symmetries_together, check_symmetry, float64_parameters,
+                    log_probabilities, rank_refusal, shared_float64_reference)
 
 __all__ = ["Quotient", "SymmetryReport", "find_symmetries", "bound_binding", "ATTENTION_KIND"]
 
@@ -62,8 +64,10 @@ class SymmetryReport:
             rows = [e for e in self.entries if e[1] == kind]
             bound = sum(1 for e in rows if e[2] == "bound")
             lines.append(f"{kind}: {bound} bound, {len(rows) - bound} refused")
-            for key, _, status, detail in rows:
-                lines.append(f"  {status:7s} {key}: {detail}")
+            lines += [f"  {'bound':7s} {key}: {detail}" for key, _, status, detail in rows if status == "bound"]
+            # a refusal repeated per layer: one line with the count and the layer range
+            lines += summary_lines([(key, detail) for key, _, status, detail in rows if status == "refused"],
+                                   status=f"{'refused':7s}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -110,17 +114,26 @@ def _clash(owner: dict, binding) -> list:
 
 
 def _builtins(model, batch, metric: str, smap, seed: int) -> SymmetryReport:
-    """The built-in search (the module doc, step 3): every family's candidates, checked and bound in order."""
-    params64 = {n: p.detach().to(torch.float64) for n, p in model.named_parameters()}
+    """The built-in search (the module doc, step 3): every family's candidates, checked and bound in order
+    (one shared float64 copy of the model for all checks)."""
+    with shared_float64_reference():
+        return _checked_builtins(model, batch, metric, smap, seed, float64_parameters(model))
+
+
+def _checked_builtins(model, batch, metric: str, smap, seed: int, params64) -> SymmetryReport:
     taken = {n: g.key for g in smap.groups for n in g.param_names}
     report = SymmetryReport(smap)
 
-    def consider(binding, kind, worst=None):
+    def consider(binding, kind, worst=None, note=""):
         """Bind ``binding`` unless a parameter is taken or its check fails (``worst``: already measured)."""
         clash = _clash(taken, binding)
         if clash:
             report.entries.append((binding.key, kind, "refused", f"its parameters belong to {', '.join(clash)} "
                                                                   f"({ONE_SYMMETRY})"))
+            return
+        singular = rank_refusal(binding, params64)
+        if singular:  # refused before any compute (its Gram matrix would fail the quotient metric)
+            report.entries.append((binding.key, kind, "refused", singular))
             return
         try:
             if worst is None:
@@ -129,27 +142,51 @@ def _builtins(model, batch, metric: str, smap, seed: int) -> SymmetryReport:
             report.entries.append((binding.key, kind, "refused", str(exc)))
             return
         report.entries.append((binding.key, kind, "bound", f"{binding.kernels} on {len(binding.param_names)} "
-                                                           f"parameters; output change {worst:.1e}"))
+                                                           f"parameters; output change {worst:.1e}{note}"))
         report.bindings.append(binding)
         for n in binding.param_names:
             taken[n] = binding.key
 
     def offer(candidates, kind):
+        together, claimed = [], {}
+        for _, binding, _ in candidates:  # the candidates free of any clash: checked together first
+            if (binding is not None and not _clash(taken, binding) and not _clash(claimed, binding)
+                    and not rank_refusal(binding, params64)):
+                together.append(binding)
+                claimed.update((n, binding.key) for n in binding.param_names)
+        worst = None
+        if len(together) > 1:
+            try:
+                worst = check_symmetries_together(model, together, batch, seed, params64)
+            except ValueError:  # one of them is not a symmetry: check each on its own to say which
+                worst = None
+        note = f" (checked together with the other {len(together) - 1})" if worst is not None else ""
         for key, binding, reason in candidates:
             if binding is None:
                 report.entries.append((key, kind, "refused", reason))
             else:
-                consider(binding, kind)
+                joint = worst is not None and any(binding is t for t in together)
+                consider(binding, kind, worst if joint else None, note if joint else "")
+                bar.update(1)
 
-    for b in adapters.lora_bindings(model, kernels=gl_kernels(metric)):
-        consider(b, adapters.KIND)
+    lora = adapters.lora_bindings(model, kernels=gl_kernels(metric))
     gated_mlps = gated.gated_mlp_candidates(model, metric)
     relu = units.relu_units_candidates(model, metric)
     if gated_mlps:  # a decoder's MLPs are gated: no "no MLP of a recognised layout" line for ReLU units
         relu = [c for c in relu if c.key != "MLP"]
-    offer(relu, units.KIND)
-    offer(gated_mlps, gated.KIND)
-    offer(heads.head_translation_candidates(model, batch), heads.KIND)
+    translation = heads.head_translation_candidates(model, batch)
+    from tqdm.auto import tqdm
+
+    total = len(lora) + sum(c[1] is not None for c in [*relu, *gated_mlps, *translation])
+    # progress on a terminal only (disable=None), for models with many layers
+    bar = tqdm(total=total, desc="checking symmetries (float64)", unit="binding", disable=None, leave=False)
+    with bar:
+        for b in lora:
+            consider(b, adapters.KIND)
+            bar.update(1)
+        offer(relu, units.KIND)
+        offer(gated_mlps, gated.KIND)
+        offer(translation, heads.KIND)
     scaling, refused = norms.norm_scaling_bindings(model, batch, log_probabilities, tol=CHECK_TOL,
                                                    elements=CHECK_SCALES)
     for b in scaling:  # measured by norm_scaling_bindings at CHECK_SCALES already (and eps = 0 required)

@@ -14,6 +14,7 @@ log-probabilities (the head's softmax translation moves the logits by a constant
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import warnings
@@ -26,7 +27,7 @@ from ..sharpness.pipeline import gradient_dual_norm
 from ..symmetry import NoAttentionPairsWarning, Quotient, SymmetryMap
 from ..sampling import draw_orbit_elements
 
-__all__ = ["riemannian_gradient_norm", "model_with_params", "orbit_quantities", "relative_change",
+__all__ = ["riemannian_gradient_norm", "model_with_params", "parameters_set_to", "orbit_quantities", "relative_change",
            "orbit_invariance", "INVARIANCE_TOL", "QUANTITIES", "INVARIANT_QUANTITIES"]
 
 #: the largest relative change along an orbit that counts as invariant
@@ -43,6 +44,26 @@ def model_with_params(model, params):
         for n, p in m.named_parameters():
             p.copy_(params[n])
     return m.eval()
+
+
+@contextlib.contextmanager
+def parameters_set_to(model, params):
+    """Within the block, ``model``'s parameters hold the tensors ``params`` (name → tensor of the same shape,
+    dtype and device; swapped in by reference, no copy); the original tensors are restored on exit."""
+    named = dict(model.named_parameters())
+    missing = sorted(set(named) - set(params))
+    if missing:
+        raise ValueError(f"parameters_set_to: no tensor for {missing[:3]}")
+    saved = {n: p.data for n, p in named.items()}
+    try:
+        with torch.no_grad():
+            for n, p in named.items():
+                p.data = params[n]
+        yield model
+    finally:
+        with torch.no_grad():
+            for n, p in named.items():
+                p.data = saved[n]
 
 
 def riemannian_gradient_norm(model, smap, batch, metric, symmetries=None):
@@ -101,7 +122,9 @@ def orbit_invariance(model64, smap, batch, rho, scales, iters=5, seed=0, symmetr
         moved = moving.act(params, draw_orbit_elements(moving, a, gen))
         for j, b in enumerate(symmetries or ()):
             moved = b.act(moved, b.random_element(moved, scale=a, seed=seed + 1000 * k + j))
-        vals = orbit_quantities(model_with_params(model64, moved), smap, batch, rho, iters, seed, symmetries)
+        with parameters_set_to(model64, moved):  # no copy of the model per scale
+            vals = orbit_quantities(model64, smap, batch, rho, iters, seed, symmetries)
+        del moved
         rel = {c: relative_change(base[c], vals[c]) for c in QUANTITIES}
         for c in QUANTITIES:
             worst[c] = max(worst[c], rel[c])

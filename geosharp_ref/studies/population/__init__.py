@@ -28,7 +28,8 @@ included), test error on the clean test set; gap = test error − train error.
 
 Modules: :mod:`.task` (what a task supplies), :mod:`.tasks` (the built-in tasks), :mod:`.manifest` (the
 directory layout), :mod:`.training`, :mod:`.evaluation`, :mod:`.correlation`, :mod:`.study` (all three),
-:mod:`.importing` (real populations from local paths), :mod:`.reliability` (split-half reliability of the gaps).
+:mod:`.importing` (real populations from local paths), :mod:`.reliability` (split-half reliability of the gaps),
+:mod:`.options` (every option checked once, before anything is read or written).
 """
 from .correlation import correlate_population, parse_where
 from .evaluation import (ABLATIONS, ALL_MEASURES, DEFAULT_RHOS, LINEARISED, MEASURES, evaluate_model, evaluate_population,

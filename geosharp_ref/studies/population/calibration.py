@@ -36,7 +36,8 @@ from ...sharpness.measures import MEASURES as NAMED_MEASURES
 from ...sharpness import get_measure, rho_for_size
 from ...symmetry import symmetry_map as build_symmetry_map
 from .evaluation import MEASURES, load_population_model, rho_key, sharpness_batches
-from .manifest import read_manifest
+from .manifest import read_json_object, read_manifest
+from .options import check_calibration
 
 __all__ = ["calibrate_population", "read_calibration", "calibrated_grid", "radius_source", "CALIBRATION"]
 
@@ -72,14 +73,25 @@ def calibrated_grid(calibration: dict, measures, sizes=None) -> dict:
 
 
 def read_calibration(out) -> dict:
+    """``calibration.json`` of the population in ``out``, checked: its settings' target sizes and a grid
+    ``{measure: [ρ per size]}`` of positive radii."""
     path = Path(out) / CALIBRATION
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist; run `geosharp population calibrate --out {out} "
-                                f"--sizes …` first")
-    try:
-        return json.loads(path.read_text())
-    except ValueError as exc:
-        raise ValueError(f"{path} is not valid JSON ({exc}); delete it and calibrate again") from None
+    fix = f"delete it and run `geosharp population calibrate --out {out} --sizes …` again"
+    cal = read_json_object(path, "calibration", ("settings", "grid"), fix,
+                           missing=f"run `geosharp population calibrate --out {out} --sizes …` first")
+    settings, grid = cal["settings"], cal["grid"]
+    sizes = settings.get("sizes") if isinstance(settings, dict) else None
+    if not (isinstance(sizes, list) and sizes and all(isinstance(x, (int, float)) for x in sizes)):
+        raise ValueError(f"{path}: 'settings' must hold the calibrated target sizes ('sizes', a list of numbers); "
+                         f"{fix}")
+    ok = isinstance(grid, dict) and grid and all(
+        isinstance(rs, list) and len(rs) == len(sizes)
+        and all(isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r) and r > 0 for r in rs)
+        for rs in grid.values())
+    if not ok:
+        raise ValueError(f"{path}: 'grid' must map every calibrated measure to {len(sizes)} positive radii (one "
+                         f"per target size); {fix}")
+    return cal
 
 
 def calibrate_population(out, sizes, measures=MEASURES, models: int = 3, batch_size: int = 32,
@@ -90,12 +102,9 @@ def calibrate_population(out, sizes, measures=MEASURES, models: int = 3, batch_s
     Returns the calibration. An existing calibration with the same settings is returned unchanged; one
     with other settings is refused (it fixes the protocol of evaluations already run)."""
     out = Path(out)
+    check_calibration(sizes, models, batch_size, probe_rhos, n_iter, seed)
     sizes = [float(s) for s in sizes]
-    if not sizes or any(not (math.isfinite(s) and s > 0) for s in sizes):
-        raise ValueError(f"every target size must be a positive finite number, got {sizes}")
     probes = sorted(float(r) for r in probe_rhos)
-    if len(probes) != 2 or not 0 < probes[0] < probes[1] or not all(math.isfinite(r) for r in probes):
-        raise ValueError(f"give two distinct positive probe radii, got {probe_rhos}")
     measures = [m for m in measures if not m.endswith("-linearised")]
     unknown = sorted(set(measures) - set(NAMED_MEASURES))
     if unknown:

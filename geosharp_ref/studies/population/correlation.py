@@ -1,7 +1,9 @@
 """Correlate a population's sharpness with its generalisation gap: Kendall τ with bootstrap intervals."""
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
 import sys
 from pathlib import Path
@@ -9,12 +11,13 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import kendalltau
 
-from ...io.durable import write_json_atomic
+from ...io.durable import write_json_atomic, write_text_atomic
 from ...plots import plot_population_scatter, plot_tau_vs_rho
 from ...sharpness.measures import get_measure
 from ...stats import kendall_with_ci, paired_abs_tau_difference
-from .evaluation import evaluation_grid, read_results
-from .manifest import population_files, read_manifest
+from .evaluation import evaluation_grid, read_evaluation_settings, read_results
+from .manifest import population_files, read_json_object, read_manifest
+from .options import check_count, check_seed
 from .reliability import RELIABILITY
 
 __all__ = ["correlate_population", "hyperparameter_tau", "measure_agreement", "parse_where", "subset_models"]
@@ -45,6 +48,14 @@ def subset_models(names, hparams: dict, where: dict) -> list:
     return [n for n in names if all(hparams[n].get(k) == v for k, v in where.items())]
 
 
+@contextlib.contextmanager
+def _atomic_csv(path: Path):
+    """A ``csv.writer`` whose rows replace ``path`` atomically when the block ends (nothing on an error)."""
+    buffer = io.StringIO(newline="")
+    yield csv.writer(buffer)
+    write_text_atomic(path, buffer.getvalue())
+
+
 def where_suffix(where: dict) -> str:
     return "".join(f"-{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in sorted(where.items()))
 
@@ -70,7 +81,7 @@ def _full_columns(out: Path, names, measures, grid, rows) -> dict:
     files = population_files("")
     if not (out / files["config"]).is_file():
         return {}
-    main_cfg = json.loads((out / files["config"]).read_text())
+    main_cfg = read_evaluation_settings(out, "")
     main_recs = read_results(out, "")
     _, main_grid = evaluation_grid(main_cfg)
     cols = {}
@@ -137,12 +148,14 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
     adds the scatter plot with the models coloured by it (``correlation_by-KEY.png``)."""
     out = Path(out)
     stream = stream or sys.stdout
+    check_count("--bootstrap", n_boot)
+    check_seed("--seed", seed)
     manifest = read_manifest(out)
     files = population_files(tag)
     if not (out / files["config"]).is_file():
         raise FileNotFoundError(f"{out / files['config']} does not exist; run `geosharp population evaluate "
                                 f"--out {out}{f' --tag {tag}' if tag else ''}` first")
-    cfg = json.loads((out / files["config"]).read_text())
+    cfg = read_evaluation_settings(out, tag)
     recs = read_results(out, tag)
     where = dict(where or {})
     metrics = {m["name"]: m["metrics"] for m in manifest["models"]}
@@ -165,6 +178,16 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
     rows, grid = evaluation_grid(cfg)
     measures = cfg["measures"]
     per_grid = "rho_grid" in cfg
+    for n in names:  # every record holds a finite value per measure and radius of these settings
+        values = recs[n]["values"]
+        for m in measures:
+            for rho in grid[m]:
+                v = values.get(m, {}).get(rho) if isinstance(values.get(m), dict) else None
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
+                    raise ValueError(f"{out / files['results']}: the record of {n} has no finite value for {m} at "
+                                     f"ρ {rho} (got {v!r}); it was not written by this evaluation: delete its line "
+                                     f"and run `geosharp population evaluate --out {out}"
+                                     f"{f' --tag {tag}' if tag else ''}` with the same options again")
 
     table, paired, sizes, agreement, columns = {}, {}, {}, {}, {}
     full = _full_columns(out, names, measures, grid, rows) if tag else {}
@@ -210,20 +233,20 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
         result["hyperparameter_tau"] = drivers
     reliability = out / RELIABILITY  # `population reliability` ran on the same models: report its ceiling
     if not where and reliability.is_file():
-        rel = json.loads(reliability.read_text())
+        rel = read_json_object(reliability, "split-half reliability of the gaps",
+                               ("models", "tau_half", "tau_ceiling", "correlation_ceiling"),
+                               f"delete it and run `geosharp population reliability --out {out}` again")
         if rel.get("models") == len(chosen):
             result["gap_reliability"] = {k: rel[k] for k in ("tau_half", "tau_ceiling", "correlation_ceiling")}
     write_json_atomic(stem.with_suffix(".json"), result)
-    with open(stem.with_suffix(".csv"), "w", newline="") as f:
-        w = csv.writer(f)
+    with _atomic_csv(stem.with_suffix(".csv")) as w:
         w.writerow(["model", "train_error", "test_error", "gap"] +
                    [f"{m}@rho={grid[m][i]}" for i in range(len(rows)) for m in measures] + hkeys)
         for n in names:
             w.writerow([n, metrics[n]["train_error"], metrics[n]["test_error"], metrics[n]["gap"]] +
                        [recs[n]["values"][m][grid[m][i]] for i in range(len(rows)) for m in measures] +
                        [json.dumps(hparams[n][k]) if k in hparams[n] else "" for k in hkeys])
-    with open(stem.with_name(stem.name + "_tau.csv"), "w", newline="") as f:
-        w = csv.writer(f)
+    with _atomic_csv(stem.with_name(stem.name + "_tau.csv")) as w:
         w.writerow(["rho", "measure", "tau", "ci_low", "ci_high", "p", "n"] +
                    (["row", "median_relative_size"] if per_grid else []))
         for i, r in enumerate(rows):
@@ -232,8 +255,7 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
                 w.writerow([grid[m][i], m, t["tau"], t["ci"][0], t["ci"][1], t["p"], t["n"]] +
                            ([r, sizes.get(r, {}).get(m, "")] if per_grid else []))
     if paired:
-        with open(stem.with_name(stem.name + "_paired.csv"), "w", newline="") as f:
-            w = csv.writer(f)
+        with _atomic_csv(stem.with_name(stem.name + "_paired.csv")) as w:
             w.writerow(["row", "measure", "vs", "abs_tau_difference", "ci_low", "ci_high", "n"])
             for r, cells in paired.items():
                 for m, d in cells.items():

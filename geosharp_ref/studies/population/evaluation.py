@@ -19,14 +19,16 @@ from pathlib import Path
 import torch
 
 from ... import distributed as gdist
-from ...io.data import load_data, split_batches
+from ...io.data import check_inputs_fit, load_data, split_batches
 from ...io.durable import append_line, exclusive_lock, fsync_dir, read_jsonl, write_json_atomic
 from ...io.models import load_model
 from ...sharpness.measures import ABLATION_MEASURES, HEADLINE_MEASURES, LINEARISED_MEASURES
+from ...sharpness.measures import AVERAGE_MEASURES, CURVATURE_MEASURES, EXACT_GEODESIC_MEASURES
 from ...sharpness.measures import MEASURES as NAMED_MEASURES
 from ...symmetry import symmetry_map as build_symmetry_map
 from .importing import load_imported_model
-from .manifest import population_files, read_manifest
+from .manifest import population_files, read_json_object, read_manifest
+from .options import check_evaluation
 from .tasks import get_task
 
 __all__ = ["measure_grid", "evaluation_grid", "sharpness_batches", "LINEARISED", "load_population_model", "evaluate_model", "evaluate_population", "read_results",
@@ -38,7 +40,11 @@ MEASURES = tuple(m.name for m in HEADLINE_MEASURES)
 ABLATIONS = tuple(m.name for m in ABLATION_MEASURES)
 #: ρ times the dual norm of the gradient in each geometry (one gradient per batch)
 LINEARISED = tuple(m.name for m in LINEARISED_MEASURES)
-ALL_MEASURES = MEASURES + ABLATIONS + LINEARISED
+#: exact-geodesic and average-case measures (issue 27: sharpness/exact_geodesic.py, average_case.py)
+EXACT_AND_AVERAGE = tuple(m.name for m in EXACT_GEODESIC_MEASURES + AVERAGE_MEASURES)
+#: Hessian trace and top eigenvalue, quotient and Euclidean (issue 27: sharpness/curvature.py; ρ unused)
+CURVATURE = tuple(m.name for m in CURVATURE_MEASURES)
+ALL_MEASURES = MEASURES + ABLATIONS + LINEARISED + EXACT_AND_AVERAGE + CURVATURE
 DEFAULT_RHOS = (0.003, 0.01, 0.03, 0.1)
 
 
@@ -123,14 +129,37 @@ def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, se
 
 
 def read_results(out, tag: str = "") -> dict:
-    """``{model name: record}`` from ``results.jsonl`` and any per-rank part files (first wins)."""
+    """``{model name: record}`` from ``results.jsonl`` and any per-rank part files (first wins); a line that is
+    not a result record (a JSON object with a ``model`` name and its ``values``) is refused, naming it."""
     out, f = Path(out), population_files(tag)
     files = [out / f["results"]] + sorted((out / f["parts"]).glob("rank*.jsonl"))
     recs = {}
     for f in files:
-        for r in read_jsonl(f):
+        for i, r in enumerate(read_jsonl(f), start=1):
+            if not (isinstance(r, dict) and isinstance(r.get("model"), str) and isinstance(r.get("values"), dict)):
+                got = sorted(r) if isinstance(r, dict) else type(r).__name__
+                raise ValueError(f"{f}: record {i} is not a result line (expected a JSON object with 'model' and "
+                                 f"'values', got {got}); delete that line (its model is evaluated again) or the "
+                                 f"file")
             recs.setdefault(r["model"], r)
     return recs
+
+
+def read_evaluation_settings(out, tag: str = "") -> dict:
+    """The settings of an evaluation (``evaluation.json``), checked: measures and their radii."""
+    out = Path(out)
+    path = out / population_files(tag)["config"]
+    fix = (f"delete it and {out / population_files(tag)['results']} and run `geosharp population evaluate --out "
+           f"{out}{f' --tag {tag}' if tag else ''}` again")
+    cfg = read_json_object(path, "evaluation settings", ("measures",), fix)
+    grid_ok = (isinstance(cfg.get("rho_grid"), dict) and all(isinstance(cfg["rho_grid"].get(m), list)
+                                                             for m in cfg["measures"])
+               and len({len(v) for v in cfg["rho_grid"].values()}) == 1)
+    if not (isinstance(cfg["measures"], list) and cfg["measures"]
+            and (grid_ok or (isinstance(cfg.get("rhos"), list) and cfg["rhos"]))):
+        raise ValueError(f"{path} does not hold evaluation settings (a 'measures' list and 'rhos', or a 'rho_grid' "
+                         f"with the same number of radii per measure); {fix}")
+    return cfg
 
 
 def _finalize(out: Path, manifest, extra=(), tag: str = "") -> bool:
@@ -166,30 +195,28 @@ def evaluate_population(out, rhos=DEFAULT_RHOS, measures=MEASURES, n_batches: in
     :func:`geosharp_ref.studies.population.calibration.calibrate_population`), stored with the settings.
     Returns ``{model name: record}`` (on every rank, read back from disk after the merge)."""
     out, files = Path(out), population_files(tag)
+    check_evaluation(rhos, measures, n_batches, batch_size, n_iter, seed, threads, sizes,
+                     known_measures=ALL_MEASURES)
     manifest = read_manifest(out)
     rank, world = gdist.rank_world()
+    measures = tuple(measures)
+    grid, config = _settings(rhos, measures, n_batches, batch_size, n_iter, seed, sizes)
+    # everything is read and checked before anything is written: the batches, the results so far, the settings
+    batches = sharpness_batches(manifest, n_batches, batch_size, out)
+    read_results(out, tag)
+    if world == 1:
+        _check_settings(out / files["config"], config, out, files)
     with exclusive_lock(out / f".evaluate{'-' + tag if tag else ''}.lock", enabled=(world == 1),
                         busy=f"another `geosharp population evaluate` is running on {out}"
                              f"{f' (tag {tag!r})' if tag else ''}; wait for it to finish (its results are kept "
                              f"and this one would only repeat them), or use another --tag"):
-        return _evaluate_population(out, files, manifest, rank, world, rhos, measures, n_batches, batch_size,
-                                    n_iter, seed, threads, progress, device, tag, sizes)
+        return _evaluate_population(out, files, manifest, rank, world, grid, config, batches, measures, n_batches,
+                                    batch_size, n_iter, seed, threads, progress, device, tag)
 
 
-def _evaluate_population(out, files, manifest, rank, world, rhos, measures, n_batches, batch_size, n_iter, seed,
-                         threads, progress, device, tag, sizes):
-    if threads:
-        torch.set_num_threads(threads)
-    if device is None:
-        device = gdist.default_device()
-    measures = tuple(measures)
-    unknown = sorted(set(measures) - set(ALL_MEASURES))
-    if unknown:
-        raise ValueError(f"unknown measures {unknown}; choose from {list(ALL_MEASURES)}")
+def _settings(rhos, measures, n_batches, batch_size, n_iter, seed, sizes) -> tuple:
+    """``(grid, settings)``: the radii per measure and the settings ``evaluation.json`` records."""
     grid = measure_grid(measures, rhos)
-    flat = [r for rs in grid.values() for r in rs]
-    if not all(grid.values()) or any(not (math.isfinite(r) and r > 0) for r in flat):
-        raise ValueError(f"every rho must be positive and finite, got {rhos}")
     config = dict(measures=list(measures), batches=n_batches, batch_size=batch_size, iters=n_iter, seed=seed,
                   labels="clean", subset="pool[:batches*batch_size]")
     if isinstance(rhos, dict):
@@ -201,15 +228,37 @@ def _evaluate_population(out, files, manifest, rank, world, rhos, measures, n_ba
             config["sizes"] = [float(x) for x in sizes]
     else:
         config["rhos"] = [rho_key(r) for r in grid[measures[0]]]
+    return grid, config
+
+
+def _check_settings(cpath: Path, config: dict, out: Path, files: dict) -> None:
+    """Refuse to resume an evaluation whose ``evaluation.json`` holds other settings."""
+    if not cpath.is_file():
+        return
+    try:
+        old = json.loads(cpath.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{cpath} is not valid JSON ({exc}); delete it and {out / files['results']} to start "
+                         f"over") from None
+    if old != config:
+        raise ValueError(f"{cpath} holds other evaluation settings ({old}); use the same options to "
+                         f"resume, use another --tag, or delete {cpath} and {out / files['results']} to start over")
+
+
+def _evaluate_population(out, files, manifest, rank, world, grid, config, batches, measures, n_batches, batch_size,
+                         n_iter, seed, threads, progress, device, tag):
+    if threads:
+        torch.set_num_threads(threads)
+    if device is None:
+        device = gdist.default_device()
     cpath = out / files["config"]
     error = None
     if rank == 0:
-        if cpath.is_file():
-            old = json.loads(cpath.read_text())
-            if old != config:
-                error = (f"{cpath} holds other evaluation settings ({old}); use the same options to "
-                         f"resume, use another --tag, or delete {cpath} and {out / files['results']} to start over")
-        else:
+        try:
+            _check_settings(cpath, config, out, files)
+        except ValueError as exc:
+            error = str(exc)
+        if error is None and not cpath.is_file():
             write_json_atomic(cpath, config)
     error = gdist.broadcast_object(error)  # every rank stops together (no rank left in a barrier)
     if error:
@@ -226,7 +275,6 @@ def _evaluate_population(out, files, manifest, rank, world, rhos, measures, n_ba
     done_names = gdist.broadcast_object(sorted(done) if rank == 0 else None)  # one view for every rank
     pending = [m for m in manifest["models"] if m["name"] not in set(done_names)]
     mine = gdist.shard(pending, rank, world)
-    batches = sharpness_batches(manifest, n_batches, batch_size, out)
     outside = [m["name"] for m in manifest["models"]
                if (m["metrics"].get("train_examples") or math.inf) < n_batches * batch_size]
     if outside and rank == 0:
@@ -241,6 +289,8 @@ def _evaluate_population(out, files, manifest, rank, world, rhos, measures, n_ba
                unit="model", disable=not progress, position=rank if world > 1 else None)
     for m in bar:
         model = load_population_model(out, m).to(device)
+        for inputs, _ in batches[:1]:  # an imported model and the data file must fit (token ids, lengths)
+            check_inputs_fit(model, inputs, f"the sharpness examples of {out} for {m['name']}")
         t0 = time.perf_counter()
         res = evaluate_model(model, batches, grid, measures, n_iter=n_iter, seed=seed)
         rec = dict(model=m["name"], gap=m["metrics"]["gap"], **res)

@@ -34,6 +34,7 @@ from scipy.stats import kendalltau
 from ...io.durable import append_line, read_jsonl, write_json_atomic
 from .evaluation import load_population_model
 from .manifest import read_manifest
+from .options import check_count, check_seed
 from .tasks import get_task
 from .training import batched_logits
 
@@ -63,7 +64,7 @@ def predict_test_set(out, batch_size: int = 256, threads: int | None = 1, progre
 def _predictions(out: Path, manifest: dict, split, batch_size: int, threads, progress: bool) -> dict:
     y = split.y_test
     path = out / PREDICTIONS
-    done = {r["model"]: r["predictions"] for r in read_jsonl(path, repair=True)}
+    done = {r["model"]: r["predictions"] for r in _prediction_records(path, len(y))}
     todo = [m for m in manifest["models"] if m["name"] not in done]
     if todo and threads:
         torch.set_num_threads(threads)
@@ -80,6 +81,20 @@ def _predictions(out: Path, manifest: dict, split, batch_size: int, threads, pro
         append_line(path, dict(model=m["name"], predictions=pred.tolist()))
         done[m["name"]] = pred.tolist()
     return {m["name"]: done[m["name"]] for m in manifest["models"]}
+
+
+def _prediction_records(path: Path, n_test: int) -> list:
+    """The complete lines of ``test_predictions.jsonl`` (a torn last line repaired), each checked to be a model's
+    predictions: ``{"model": name, "predictions": [class index per test example]}``."""
+    records = read_jsonl(path, repair=True)
+    for i, r in enumerate(records, start=1):
+        preds = r.get("predictions") if isinstance(r, dict) else None
+        if not (isinstance(r, dict) and isinstance(r.get("model"), str) and isinstance(preds, list)
+                and len(preds) == n_test and all(isinstance(p, int) for p in preds)):
+            raise ValueError(f"{path}: record {i} is not a model's test predictions (a JSON object with 'model' and "
+                             f"'predictions', {n_test} class indices); delete that line (the model is predicted "
+                             f"again) or the file")
+    return records
 
 
 def split_half_gaps(wrong: np.ndarray, train_error: np.ndarray, half: np.ndarray) -> tuple:
@@ -112,15 +127,15 @@ def gap_reliability(out, splits: int = 200, seed: int = 0, progress: bool = True
     """Split-half reliability of the population's gaps (see the module doc); writes ``reliability.json``."""
     out = Path(out)
     stream = stream or sys.stdout
-    if splits < 1:
-        raise ValueError(f"--splits must be a positive integer, got {splits}")
+    check_count("--splits", splits)
+    check_seed("--seed", seed)
     manifest = read_manifest(out)
+    names = [m["name"] for m in manifest["models"]]
+    if len(names) < 3:  # checked before any prediction is written
+        raise ValueError(f"{out} has {len(names)} models; Kendall τ needs at least 3")
     split = _test_split(out, manifest)
     preds = _predictions(out, manifest, split, 256, 1, progress)
     y = split.y_test.numpy()
-    names = [m["name"] for m in manifest["models"]]
-    if len(names) < 3:
-        raise ValueError(f"{out} has {len(names)} models; Kendall τ needs at least 3")
     wrong = np.array([np.asarray(preds[n]) != y for n in names])
     train_error = np.array([m["metrics"]["train_error"] for m in manifest["models"]])
     test_error = wrong.mean(1)

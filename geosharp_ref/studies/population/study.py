@@ -10,7 +10,8 @@ from pathlib import Path
 
 from .calibration import calibrate_population, calibrated_grid
 from .correlation import correlate_population
-from .evaluation import DEFAULT_RHOS, MEASURES, evaluate_population, read_results
+from .evaluation import ALL_MEASURES, DEFAULT_RHOS, MEASURES, evaluate_population, read_results
+from .options import MIN_STUDY_MODELS, check_calibration, check_count, check_evaluation, check_training
 from .task import PopulationTask
 from .tasks import get_task
 from .training import train_population
@@ -46,6 +47,17 @@ def run_study(out, task: PopulationTask | str = "vision", n_models: int = 32, se
     ptask = get_task(task) if isinstance(task, str) else task
     proto = study_protocol(ptask, rhos=rhos, measures=measures, batches=n_batches, batch_size=batch_size,
                            iters=n_iter, sizes=sizes)
+    # every stage's options are checked before the first one runs (no training for a refused evaluation)
+    check_training(n_models, seed, 0, epochs_max, train_size_max, workers, min_models=MIN_STUDY_MODELS)
+    check_evaluation(proto["rhos"], proto["measures"], proto["batches"], proto["batch_size"], proto["iters"],
+                     sizes=proto["sizes"] or None, known_measures=ALL_MEASURES)
+    if proto["sizes"]:
+        check_calibration(proto["sizes"], proto["calibration_models"], proto["batch_size"], proto["probe_rhos"],
+                          proto["iters"])
+        if proto["calibration_models"] > n_models:
+            raise ValueError(f"the protocol calibrates on {proto['calibration_models']} models but --models is "
+                             f"{n_models}; train at least {proto['calibration_models']}")
+    check_count("--bootstrap", n_boot)
     out = Path(out)
     on_disk = sum(1 for p in (out / "models").glob("model_*") if p.is_dir()) if (out / "models").is_dir() else 0
     t0 = time.perf_counter()

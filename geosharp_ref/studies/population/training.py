@@ -34,6 +34,7 @@ from ...io.data import slice_inputs
 from ...io.durable import fsync_dir, fsync_tree, write_json_atomic
 from ...io.models import quiet_transformers
 from .manifest import MANIFEST, MANIFEST_FORMAT
+from .options import check_training
 from .task import PopulationTask, Split
 from .tasks import get_task
 
@@ -174,12 +175,8 @@ def train_population(out, n_models: int = 32, seed: int = 0, split_seed: int = 0
     is a built-in task's name or a task object (its name must be a built-in one: worker processes
     rebuild it by name, everything else they need is in the manifest's data spec and architecture)."""
     ptask = get_task(task) if isinstance(task, str) else task
-    if isinstance(n_models, bool) or int(n_models) != n_models or n_models < 1:
-        raise ValueError(f"--models must be a positive integer, got {n_models!r}")
+    check_training(n_models, seed, split_seed, epochs_max, train_size_max, workers)
     out = Path(out)
-    (out / "models").mkdir(parents=True, exist_ok=True)
-    for stale in (out / "models").glob(".tmp-*"):  # left by a killed run
-        shutil.rmtree(stale, ignore_errors=True)
     arch = dict(arch or ptask.arch)
     epochs_max = ptask.epochs_max if epochs_max is None else epochs_max
     data_spec = ptask.data_spec(split_seed, n_test)
@@ -189,10 +186,18 @@ def train_population(out, n_models: int = 32, seed: int = 0, split_seed: int = 0
                    hparams=sample_hparams(i, seed, epochs_max, train_size_max, ptask)) for i in range(n_models)]
     mpath = out / MANIFEST
     if mpath.exists():
-        old = json.loads(mpath.read_text())
-        if old.get("plan") != plan:
-            raise ValueError(f"{mpath} was written with different settings ({old.get('plan')}); "
+        try:
+            old = json.loads(mpath.read_text())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{mpath} is not a valid population manifest (corrupt JSON: {exc}); restore it, or "
+                             f"delete {out} and train again") from None
+        if not isinstance(old, dict) or old.get("plan") != plan:
+            raise ValueError(f"{mpath} was written with different settings "
+                             f"({old.get('plan') if isinstance(old, dict) else old!r}); "
                              f"use another --out or the same options")
+    (out / "models").mkdir(parents=True, exist_ok=True)
+    for stale in (out / "models").glob(".tmp-*"):  # left by a killed run
+        shutil.rmtree(stale, ignore_errors=True)
     manifest = dict(format=MANIFEST_FORMAT, plan=plan, models=models, complete=False)
     write_json_atomic(mpath, manifest)
     ptask.prepare(out, data_spec)

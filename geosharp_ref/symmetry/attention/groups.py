@@ -25,6 +25,7 @@ from torch import Tensor
 
 from ...kernels import gl_kernels, load_kernels
 from ...sampling import orbit_element
+from ..summary import summary_lines
 
 __all__ = ["Piece", "Side", "PairGroup", "PairSpec", "SymmetryMap", "coverage_counts_from_pieces", "Params"]
 
@@ -261,7 +262,7 @@ class PairGroup:
             raise ValueError(f"{self.key}: A has shape {tuple(A.shape)}, expected "
                              f"{(self.num_heads, self.head_dim, self.head_dim)}")
         G, H = self.extract(params)
-        A = A.to(G.dtype)
+        A = A.to(device=G.device, dtype=G.dtype)  # an element drawn on the CPU follows the parameters
         return self.insert(params, (G @ A, torch.linalg.solve(A, H.mT).mT))
 
     def random_element(self, params: Mapping[str, Tensor], scale: float = 1.0, seed: int = 0) -> Tensor:
@@ -418,7 +419,7 @@ class SymmetryMap:
         lines += [fmt.format(*r).rstrip() for r in rows]
         if self.refused:
             lines.append("refused (adaptive instead):")
-            lines += [f"  {k}: {why}" for k, why in self.refused]
+            lines += summary_lines(self.refused)  # one line per reason repeated over layers
         return "\n".join(lines)
 
     __repr__ = __str__

@@ -1,4 +1,4 @@
-"""The README's bad-input table, one test per row: each bad input gives exactly one line
+"""The bad-input table of docs/reference/errors.md, one test per row: each bad input gives exactly one line
 ``geosharp: error: …`` on stderr, exit code 2, and writes nothing (population rows:
 tests/geosharp_ref/studies/population/test_bad_input.py)."""
 import pytest

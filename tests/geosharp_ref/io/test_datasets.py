@@ -236,7 +236,7 @@ def test_missing_cell_is_named(text_model, tmp_path):
 
 
 def test_tokenizer_of_another_model_and_too_long_max_length(text_model, tmp_path):
-    d = tmp_path / "small-vocab"  # the README's tiny BERT (vocab 50) with a real tokenizer: ids out of range
+    d = tmp_path / "small-vocab"  # the tiny BERT of docs/getting-started.md (vocab 50) with a real tokenizer: ids out of range
     BertForSequenceClassification(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                              intermediate_size=32, max_position_embeddings=32)).save_pretrained(d)
     AutoTokenizer.from_pretrained(str(text_model)).save_pretrained(d)

@@ -108,7 +108,11 @@ def test_measure_table():
     # every measure names the headline measure it derives from, and says whether it is an ablation
     want = {"adaptive": ("adaptive", False), "adaptive-linearised": ("adaptive", False)}
     want.update({f"geodesic-{g}{s}": (f"geodesic-{g}", s in ("-first-order", "-frobenius"))
-                 for g in ("inv", "mix") for s in ("", "-first-order", "-frobenius", "-linearised")})
+                 for g in ("inv", "mix") for s in ("", "-first-order", "-frobenius", "-linearised", "-exact")})
+    want.update({"average-adaptive": ("adaptive", False), "average-adaptive-sphere": ("adaptive", False),
+                 "average-geodesic-inv": ("geodesic-inv", False), "average-geodesic-mix": ("geodesic-mix", False)})
+    want.update({f"hessian-{q}-{g}": ("adaptive" if g == "euclidean" else f"geodesic-{g}", False)
+                 for q in ("trace", "top-eigenvalue") for g in ("inv", "mix", "euclidean")})
     assert {n: (m.base, m.ablated) for n, m in MEASURES.items()} == want
 
 

@@ -1,4 +1,5 @@
-"""The population rows of the README's bad-input table (the others: tests/geosharp_ref/cli/test_bad_input.py):
+"""The population rows of the bad-input table in docs/reference/errors.md (the others:
+tests/geosharp_ref/cli/test_bad_input.py):
 an empty population, a corrupt manifest, two evaluations of one directory at once, a full disk while results
 are written, and a hyper-parameter the population does not record. Each gives one line ``geosharp: error: …``
 and exit code 2, and nothing already written is lost: a rerun completes the evaluation with exactly the

@@ -323,7 +323,7 @@ def test_ablations_are_paired_with_their_full_measure(recipes, tmp_path):
 
 
 def test_cli_evaluates_one_calibrated_column(recipes, capsys):
-    """``evaluate --calibration --sizes S`` (the README's ablation command) runs the column of S only."""
+    """``evaluate --calibration --sizes S`` (the ablation command of docs/guides/populations.md) runs the column of S only."""
     from geosharp_ref.cli import main
 
     out, _ = recipes

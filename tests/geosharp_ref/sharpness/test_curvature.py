@@ -1,0 +1,172 @@
+"""Curvature measures (geosharp_ref.sharpness.curvature) against independent computations:
+
+* invariance along GL(h) orbits (hypothesis, a ∈ [1e-2, 1e2], float64): the exact quotient trace and top
+  eigenvalue (N matvecs / full Lanczos on a 95-parameter attention model) change by ≤ 1e-8 relative; the
+  Euclidean trace and top eigenvalue change;
+* Hutchinson: the estimate is within 4 standard errors of the exact trace, the probes are metric-orthonormal
+  (g(S y, S y) = ‖y‖²) and horizontal, the standard error is the sample standard deviation over √m;
+* the scalar toy model (geosharp_ref.studies.toy, paper App. D and Fig. 6): the quotient trace of a
+  declared element-wise factor equals the toy's own Hessian restricted to the horizontal line (polarised
+  Christoffel symbols and torch.func.hessian) and is constant along the orbit while the Euclidean trace
+  sweeps over orders of magnitude; on the minimising orbit it is positive, on the same orbit for the loss
+  −L (a maximum) negative;
+* the named measures ``hessian-*`` and :func:`curvature` end to end.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+from torch import nn
+
+from geosharp_ref.sharpness import Factor, ProductSpace, build_space, get_measure, model_loss
+from geosharp_ref.sharpness.curvature import curvature, exact_trace, hutchinson_trace
+from geosharp_ref.sharpness.hessian import EuclideanHessian, QuotientHessian
+from geosharp_ref.studies import toy
+from geosharp_ref.symmetry import symmetry_map
+from geosharp_ref.testing import group_element, orbit_points
+from tests import cases
+
+DT = torch.float64
+INVARIANCE_RTOL = 1e-8   # exact quotient trace / top eigenvalue along orbits (observed ≤ 2.3e-15)
+CONTRAST_RTOL = 1e-3     # the Euclidean ones must change by more
+
+
+def _attention(seed=0):
+    torch.manual_seed(seed)
+    model = cases.TinyAttention(d=4).double().eval()
+    gen = torch.Generator().manual_seed(seed + 1)
+    batch = (torch.randn(4, 5, 4, generator=gen, dtype=DT), torch.tensor([0, 1, 2, 1]))
+    return model, batch
+
+
+MODEL, BATCH = _attention()
+PARAMS = {n: p.detach() for n, p in MODEL.named_parameters()}
+SMAP = symmetry_map(MODEL)
+
+
+def _exact(params, metric):
+    """(trace, top eigenvalue) of the operator in flat coordinates, from its N columns (test only)."""
+    loss = lambda p: model_loss(MODEL, p, BATCH)  # noqa: E731
+    op = QuotientHessian(build_space(params, SMAP, metric), loss) if metric else EuclideanHessian(params, loss)
+    A = torch.stack([op.matvec_flat(e) for e in torch.eye(op.dim, dtype=DT)], 1)
+    return float(A.trace()), float(torch.linalg.eigvalsh(0.5 * (A + A.T))[-1])
+
+
+BASE = {m: _exact(PARAMS, m) for m in ("inv", "mix", None)}
+
+
+@settings(max_examples=3, deadline=None)
+@given(point=orbit_points([SMAP], PARAMS), metric=st.sampled_from(["inv", "mix"]))
+def test_quotient_trace_and_top_eigenvalue_are_invariant_along_orbits(point, metric):
+    trace, top = _exact(point.params, metric)
+    t0, e0 = BASE[metric]
+    assert abs(trace - t0) <= INVARIANCE_RTOL * abs(t0), (point, trace, t0)
+    assert abs(top - e0) <= INVARIANCE_RTOL * abs(e0), (point, top, e0)
+
+
+def test_euclidean_trace_and_top_eigenvalue_change_along_orbits():
+    moved = SMAP.act(dict(PARAMS), group_element(SMAP, PARAMS, 10.0, 0).value)
+    trace, top = _exact(moved, None)
+    t0, e0 = BASE[None]
+    assert abs(trace - t0) > CONTRAST_RTOL * abs(t0)
+    assert abs(top - e0) > CONTRAST_RTOL * abs(e0)
+    for metric in ("inv", "mix"):  # the same point, the quotient unchanged (the contrast is not the model)
+        assert _exact(moved, metric)[0] == pytest.approx(BASE[metric][0], rel=INVARIANCE_RTOL)
+
+
+@pytest.mark.parametrize("distribution", ["rademacher", "gaussian"])
+def test_hutchinson_is_unbiased_within_its_standard_error(distribution):
+    op = QuotientHessian(build_space(PARAMS, SMAP, "mix"), lambda p: model_loss(MODEL, p, BATCH))
+    est = hutchinson_trace(op, 40, distribution=distribution, generator=torch.Generator().manual_seed(2))
+    s = torch.tensor(est.samples, dtype=DT)
+    assert est.value == pytest.approx(float(s.mean()), rel=1e-12)
+    assert est.stderr == pytest.approx(float(s.std() / math.sqrt(len(s))), rel=1e-12)
+    assert abs(est.value - BASE["mix"][0]) <= 4 * est.stderr
+    # the probes: z = P S y, metric-orthonormal (g(Sy, Sy) = ‖y‖²) and horizontal; yᵀÃy = g(z, Hess z)
+    y = torch.randn(op.dim, generator=torch.Generator().manual_seed(3), dtype=DT)
+    Sy = op.whiten(op.to_tangent(y))
+    movable = torch.cat([torch.ones(x.numel(), dtype=torch.bool) for x in Sy[:len(Sy) - len(op.space.adaptive_names)]]
+                        + [m.reshape(-1) for m in op.space._movable])  # c = 0 entries are not perturbed
+    assert float(op.inner(Sy, Sy)) == pytest.approx(float(y[movable] @ y[movable]), rel=1e-12)
+    z = op.probe(y)
+    assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(op.project(z), z))
+    assert float(y @ op.matvec_flat(y)) == pytest.approx(float(op.inner(z, op.matvec(z))), rel=1e-10)
+
+
+# -- the scalar toy model (paper App. D, Fig. 6) -------------------------------------------------------------
+
+class Toy(nn.Module):
+    """f(x) = g·h·x with scalar weights g, h (as 1-element tensors)."""
+
+    def __init__(self, g, h):
+        super().__init__()
+        self.g = nn.Parameter(torch.tensor([g], dtype=DT))
+        self.h = nn.Parameter(torch.tensor([h], dtype=DT))
+
+
+class ToyBinding:
+    """A declared binding of the element-wise re-scaling (g, h) ↦ (a g, h/a)."""
+
+    key, param_names = "toy", ("g", "h")
+
+    def extract(self, params):
+        return params["g"], params["h"]
+
+    def insert(self, params, blocks):
+        return {**params, "g": blocks[0], "h": blocks[1]}
+
+
+def _toy_loss(sign=1.0):
+    x, y = toy.DEFAULT_DATA.tensors()
+    return lambda p: sign * ((p["g"] * p["h"] * x - y) ** 2).mean()
+
+
+def _toy_trace(metric, g, h, sign=1.0):
+    params = {n: p.detach() for n, p in Toy(g, h).named_parameters()}
+    space = ProductSpace(params, [Factor(toy.METRICS[metric], ToyBinding())])
+    return exact_trace(QuotientHessian(space, _toy_loss(sign))), exact_trace(EuclideanHessian(params, _toy_loss(sign)))
+
+
+@pytest.mark.parametrize("metric", ["inv", "mix"])
+def test_toy_quotient_trace_equals_the_toy_hessian_on_the_horizontal_line(metric):
+    for g, h in [(0.7, 1.3), (-1.1, 0.4), (2.0, -0.3)]:
+        ours, _ = _toy_trace(metric, g, h)
+        assert ours == pytest.approx(float(toy.quotient_hessian(metric, g, h)), rel=1e-12)
+
+
+@pytest.mark.parametrize("metric", ["inv", "mix"])
+def test_toy_minimum_and_maximum_are_told_apart_by_the_quotient_trace_alone(metric):
+    """Fig. 6: on the minimising orbit g h = β* the quotient trace is one positive number at every point
+    (for −L, a maximum there, the negative of it), while the Euclidean trace sweeps over four orders of
+    magnitude along the same orbit and is not a property of the minimum."""
+    beta = toy.DEFAULT_DATA.beta_star
+    quotient, euclid = [], []
+    for a in (1e-2, 1.0, 1e2):
+        g, h = math.sqrt(beta) * a, math.sqrt(beta) / a
+        q, e = _toy_trace(metric, g, h)
+        q_max, _ = _toy_trace(metric, g, h, sign=-1.0)
+        quotient.append(q)
+        euclid.append(e)
+        assert q > 0 and q_max == pytest.approx(-q, rel=1e-12)
+    assert max(quotient) - min(quotient) <= 1e-10 * abs(quotient[0])
+    assert max(euclid) / min(euclid) > 1e3
+
+
+def test_named_measures_and_curvature_end_to_end():
+    r = curvature(MODEL, [BATCH], "mix", k=2, probes=8)
+    assert r.dim == QuotientHessian(build_space(PARAMS, SMAP, "mix"), lambda p: p).dim
+    assert r.eigenvalues[0] == pytest.approx(BASE["mix"][1], rel=1e-6)
+    assert abs(r.trace - BASE["mix"][0]) <= 5 * r.trace_stderr
+    e = curvature(MODEL, [BATCH], "euclidean", k=1, probes=0)
+    assert e.eigenvalues[0] == pytest.approx(BASE[None][1], rel=1e-6)
+    for name, want in (("hessian-top-eigenvalue-inv", BASE["inv"][1]), ("hessian-top-eigenvalue-euclidean",
+                                                                         BASE[None][1])):
+        m = get_measure(name)
+        res = m.evaluate(MODEL, [BATCH, BATCH], 0.1, symmetry_map=SMAP, n_iter=5, seed=0)
+        assert res.measure == name and len(res.per_batch) == 2
+        assert res.mean == pytest.approx(want, rel=1e-6)
+    res = get_measure("hessian-trace-mix").evaluate(MODEL, [BATCH], 0.1)
+    assert abs(res.mean - BASE["mix"][0]) <= 5 * res.config["errors"][0]
