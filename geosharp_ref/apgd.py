@@ -203,6 +203,22 @@ def radial_clip(xi, sq_norm, rho, on_device: bool | None = None, scale=None):
     return (scale or _scale_list)(xi, s), sq
 
 
+def _next_iterate(space: Space, x, x_prev, ascent, xx, eta, rho, a):
+    """x + a(z − x) + (1 − a)(x − x_prev) before its clip, z = P(x + η d/‖d‖), from ``ascent`` = (d, g(d, d),
+    g(x, d)) and ``xx`` = ‖x‖²: one combination (z is never built)."""
+    d, dd, xg = ascent
+    # normalised step η d/‖d‖ (0 when d = 0), kept on the device: no host synchronisation here
+    dd = torch.as_tensor(dd).clamp_min(0)
+    dn = dd.sqrt()
+    step = torch.where(dn > 0, eta / dn, torch.zeros_like(dn))
+    zz = xx + 2 * step * xg + step * step * dd  # ‖x + step·d‖²
+    s, _ = _clip_factor(zz, rho, None)  # z = s (x + step·d)
+    s = 1.0 if s is None else s
+    # x_new = x + a(z − x) + (1 − a)(x − x_prev) = (2 − 2a + a s) x + a s step d − (1 − a) x_prev
+    terms = [(2 - 2 * a + a * s, x), (a * s * step, d)] + ([(a - 1, x_prev)] if a != 1 else [])
+    return space.lincomb(terms)
+
+
 def apgd_step(space: Space, x, x_prev, g, xx, eta, rho, a):
     """One Auto-PGD update without the gradient evaluation:
 
@@ -211,18 +227,7 @@ def apgd_step(space: Space, x, x_prev, g, xx, eta, rho, a):
 
     with P the radial step into the ball (the iterates stay horizontal, see the module doc) and
     ``xx`` = ‖x‖². Returns (x_new, ‖x_new‖²)."""
-    d, dd, xg = space.ascent_step(x, g)
-    # normalised step η d/‖d‖ (0 when d = 0), kept on the device: no host synchronisation here
-    dd = torch.as_tensor(dd).clamp_min(0)
-    dn = dd.sqrt()
-    step = torch.where(dn > 0, eta / dn, torch.zeros_like(dn))
-    zz = xx + 2 * step * xg + step * step * dd  # ‖x + step·d‖²
-    s, _ = _clip_factor(zz, rho, None)  # z = s (x + step·d)
-    s = 1.0 if s is None else s
-    # x_new = x + a(z − x) + (1 − a)(x − x_prev) = (2 − 2a + a s) x + a s step d − (1 − a) x_prev,
-    # formed in one combination (z is never built)
-    terms = [(2 - 2 * a + a * s, x), (a * s * step, d)] + ([(a - 1, x_prev)] if a != 1 else [])
-    x_new = space.lincomb(terms)
+    x_new = _next_iterate(space, x, x_prev, space.ascent_step(x, g), xx, eta, rho, a)
     return radial_clip(x_new, space.inner(x_new, x_new), rho, scale=space.scale)
 
 
@@ -250,7 +255,15 @@ def apgd(f_and_grad, space: Space, rho: float, n_iter: int = 20, random_start: b
     f_best_at_last_check = f_best
     increases = 0
     for k in range(n_iter):
-        x_new, xx_new = apgd_step(space, x, x_prev, g, xx, eta, rho, 1.0 if k == 0 else momentum)
+        # apgd_step, with every vector dropped once spent: the gradient at x once d is formed, d and x_prev
+        # once x_new is (each stays alive only as the best point's), so about four tangent vectors are alive
+        # at a time besides the best point's two (x, x_prev, d, x_new while combining; x, x_new, the
+        # perturbed parameters and the new gradient while evaluating)
+        ascent = space.ascent_step(x, g)
+        g = g_new = None
+        x_new = _next_iterate(space, x, x_prev, ascent, xx, eta, rho, 1.0 if k == 0 else momentum)
+        ascent = x_prev = None
+        x_new, xx_new = radial_clip(x_new, space.inner(x_new, x_new), rho, scale=space.scale)
         f_new, g_new = f_and_grad(x_new)
         values.append(f_new)
         steps.append(eta)

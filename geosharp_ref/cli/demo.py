@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..studies.population.options import MIN_STUDY_MODELS, check_training
 from ..studies.population.study import run_study
 from ..verification.kernel_checks import verification_table
 from . import derive
@@ -12,6 +13,11 @@ __all__ = ["run"]
 
 def run(args) -> int:
     """Derive, generate, verify; then a small population study (resumes on a rerun)."""
+    if args.population_models > 0:  # checked before deriving anything: a refused study must not cost the derivation
+        try:
+            check_training(args.population_models, min_models=MIN_STUDY_MODELS)
+        except ValueError as exc:  # the same rule as `population study`, named by demo's option
+            raise ValueError(str(exc).replace("--models", "--population-models", 1)) from None
     print("geosharp demo: derive the built-in quotient geometries, generate their kernels, verify them\n")
     rc = derive.run(argparse.Namespace(spec=None, out=None, check=False))
     if rc:

@@ -83,8 +83,9 @@ def _add_demo(sub):
 
 def _add_evaluate(sub):
     p = sub.add_parser("evaluate", help="adaptive or geodesic sharpness of a saved model on a saved data set",
-                       description="Worst-case adaptive or geodesic sharpness (Auto-PGD) of a local model, "
-                                   "averaged over the first N·B examples of FILE split into N batches of B.",
+                       description="Worst-case adaptive or geodesic sharpness (Auto-PGD) of a local model, or with "
+                                   "--measure any named measure, averaged over the first N·B examples of FILE "
+                                   "split into N batches of B.",
                        epilog=DATA_FORMAT, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model_dir", metavar="MODEL_DIR", help="local Hugging Face-format model directory")
     p.add_argument("--data", required=True, metavar="FILE", help="data file (format below)")
@@ -94,14 +95,21 @@ def _add_evaluate(sub):
                         help="instead of --rho: the radius at which the maximiser changes the weights by "
                              "‖Δθ‖/‖θ‖ = S on the first batch (fitted from two probe radii, 0.01 and 0.03), so "
                              "that measures compare at matched perturbation size")
-    p.add_argument("--metric", required=True, metavar="NAME",
-                   help="adaptive, inv or mix (geodesic sharpness with the attention pairs' inv / mix quotient "
-                        "metric), or with --spec the name of a metric the spec file declares")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--metric", metavar="NAME",
+                      help="adaptive, inv or mix (geodesic sharpness with the attention pairs' inv / mix quotient "
+                           "metric), or with --spec the name of a metric the spec file declares")
+    what.add_argument("--measure", choices=MEASURE_NAMES, metavar="NAME",
+                      help="instead of --metric: a named measure (geosharp_ref.sharpness.get_measure), one of "
+                           + ", ".join(MEASURE_NAMES) + "; it accepts the options that apply to it (--iters for "
+                           "Auto-PGD, --samples for average-*, --steps for *-exact, --eps, --gradient, --spec and "
+                           "--all-symmetries for quotient measures) and refuses the others")
     _symmetry_options(p)
+    p.set_defaults(attention_metric=None)  # None: not given (--measure refuses it); the --metric path reads mix
     p.add_argument("--batches", type=int, metavar="N", help="number of batches (default: all full batches)")
     p.add_argument("--batch-size", type=int, default=32, metavar="B", help="examples per batch (default 32)")
-    p.add_argument("--iters", type=int, default=20, metavar="K", help="Auto-PGD iterations per batch (default 20)")
-    p.add_argument("--eps", type=float, default=0.0,
+    p.add_argument("--iters", type=int, default=None, metavar="K", help="Auto-PGD iterations per batch (default 20)")
+    p.add_argument("--eps", type=float, default=None,
                    help="Gram relaxation XᵀX + εI for rank-deficient heads (geodesic only; default 0)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--float64", action="store_true", help="evaluate in float64 (a copy of the model)")
@@ -109,20 +117,20 @@ def _add_evaluate(sub):
                    help="ablation: θ + ξ instead of the second-order geodesic (geodesic only)")
     p.add_argument("--no-metric-norm", action="store_true",
                    help="ablation: Frobenius norm on the GL(h) pairs (geodesic only)")
-    p.add_argument("--gradient", choices=("exact", "perturbed"), default="exact",
+    p.add_argument("--gradient", choices=("exact", "perturbed"), default=None,
                    help="gradient in ξ: 'exact' differentiates through the ½γ̈ correction (default); "
                         "'perturbed' takes ∇L at the perturbed weights as in the paper's Algorithm 1 "
                         "(faster backward, geodesic only)")
-    p.add_argument("--geodesic", choices=("second-order", "exact"), default="second-order",
+    p.add_argument("--geodesic", choices=("second-order", "exact"), default=None,
                    help="γ_ξ(1): the second-order geodesic θ + ξ + ½γ̈(0) (default) or the exact geodesic integrated "
                         "with RK4 (geodesic only; reports the second-order value at the maximiser beside it)")
     p.add_argument("--steps", type=int, default=None, metavar="N",
-                   help="RK4 steps of --geodesic exact (default 8)")
+                   help="RK4 steps of --geodesic exact or --measure geodesic-inv|mix-exact (default 8)")
     p.add_argument("--average-case", action="store_true",
                    help="average-case sharpness E_ξ L(γ_ξ(1)) − L(θ) (Monte Carlo) instead of the worst case: "
                         "with --metric inv|mix ξ uniform on the horizontal metric sphere, with adaptive "
                         "δ ~ N(0, ρ² diag|θ|²) (Andriushchenko et al. 2023)")
-    p.add_argument("--samples", type=int, default=32, metavar="N",
+    p.add_argument("--samples", type=int, default=None, metavar="N",
                    help="Monte Carlo samples per batch of --average-case (default 32)")
     p.add_argument("--distribution", choices=("sphere", "gaussian"),
                    help="--average-case: ξ on the metric sphere of radius ρ or ρ × a metric-standard Gaussian "

@@ -11,6 +11,12 @@
 * :mod:`~geosharp_ref.sharpness.result` — :class:`SharpnessResult`, relative sizes, :func:`rho_for_size`
 * :mod:`~geosharp_ref.sharpness.measures` — :func:`adaptive_sharpness`, :func:`geodesic_sharpness`,
   :func:`linearised_sharpness`, the named measures
+* :mod:`~geosharp_ref.sharpness.hessian` — :class:`QuotientHessian`, the Riemannian Hessian on the horizontal
+  space (a Euclidean HVP plus the acceleration term), and :class:`EuclideanHessian`
+* :mod:`~geosharp_ref.sharpness.curvature` — its trace (Hutchinson, with a standard error) and top eigenvalues
+  (Lanczos), quotient and Euclidean (``curvature.curvature``)
+* :mod:`~geosharp_ref.sharpness.exact_geodesic` — the geodesic integrated with RK4 (``geodesic="exact"``)
+* :mod:`~geosharp_ref.sharpness.average_case` — :func:`average_case_sharpness`, on the quotient and adaptive
 
 How the model is called (loss, logits, functional parameters) is :mod:`geosharp_ref.forward`.
 """
@@ -22,9 +28,14 @@ from .result import SharpnessResult, relative_perturbation, rho_for_size
 from .pipeline import EvaluationOptions, build_space, evaluate, prepare_inputs
 from .measures import (ABLATION_MEASURES, HEADLINE_MEASURES, LINEARISED_MEASURES, MEASURES, Measure,
                        adaptive_sharpness, geodesic_sharpness, get_measure, linearised_sharpness)
+from .hessian import EuclideanHessian, QuotientHessian
+from .curvature import CurvatureResult, hutchinson_trace, top_eigenvalues
+from .average_case import average_case_sharpness
 
 __all__ = ["ProductSpace", "Tangent", "Cotangents", "SpaceOptions", "GRADIENTS", "Factor", "GLPairFactor",
            "gl_pair_factors", "EvaluationOptions", "build_space", "evaluate", "prepare_inputs", "SharpnessResult",
            "relative_perturbation", "rho_for_size", "adaptive_sharpness", "geodesic_sharpness",
            "linearised_sharpness", "default_loss", "model_loss", "Measure", "MEASURES", "HEADLINE_MEASURES",
-           "ABLATION_MEASURES", "LINEARISED_MEASURES", "get_measure"]
+           "ABLATION_MEASURES", "LINEARISED_MEASURES", "get_measure",
+           "QuotientHessian", "EuclideanHessian", "CurvatureResult", "hutchinson_trace",
+           "top_eigenvalues", "average_case_sharpness"]

@@ -126,21 +126,40 @@ class ProductSpace:
             adaptive_masks = {n: None for n in params if n not in covered}
         self.adaptive_names = [n for n in adaptive_masks if n not in exclude and params[n].is_floating_point()]
         self.masks = [adaptive_masks[n] for n in self.adaptive_names]
-        # once per base point: c² (the adaptive Riemannian gradient is c² ⊙ ∇), the movable coordinates
-        # c > 0 and the adaptive metric's weight 1/c² (0 on immovable coordinates)
-        self._scale2, self._movable, self._inv_scale2 = [], [], []
+
+    # -- the adaptive weights, computed from θ when used (not stored: each list is parameter-sized) ------
+    def _each_scale2(self):
+        """c² per adaptive parameter, one at a time (the adaptive Riemannian gradient is c² ⊙ ∇); the
+        same operations on the same θ every call, so every use sees the same values bit for bit."""
         for n, m in zip(self.adaptive_names, self.masks):
-            c = self.adaptive.scale(params[n])
+            c = self.adaptive.scale(self.base[n])
             c = c if m is None else c * m.to(c.dtype)
-            c2 = c * c
-            self._scale2.append(c2)
-            self._movable.append(c2 > 0)
-            self._inv_scale2.append(torch.where(c2 > 0, c2, torch.inf).reciprocal())
+            yield c * c
+
+    @staticmethod
+    def _inverse(c2):
+        """The adaptive metric's weight 1/c² (0 on immovable coordinates, c = 0)."""
+        return torch.where(c2 > 0, c2, torch.inf).reciprocal()
+
+    @property
+    def _scale2(self):
+        """c² per adaptive parameter (a list)."""
+        return list(self._each_scale2())
+
+    @property
+    def _movable(self):
+        """The movable coordinates c > 0 per adaptive parameter (a list)."""
+        return [c2 > 0 for c2 in self._each_scale2()]
+
+    @property
+    def _inv_scale2(self):
+        """1/c² per adaptive parameter, 0 where c = 0 (a list)."""
+        return [self._inverse(c2) for c2 in self._each_scale2()]
 
     @property
     def scales(self):
         """The adaptive scales c = |θ| (+ offset, masked), one tensor per adaptive parameter."""
-        return [c2.sqrt() for c2 in self._scale2]
+        return [c2.sqrt() for c2 in self._each_scale2()]
 
     @property
     def factor_keys(self) -> list:
@@ -186,8 +205,8 @@ class ProductSpace:
         total = 0.0
         for b, x, e, s in zip(self.bound, px, pe, sx):
             total = total + b.inner(x, e, s if same else None)
-        for w, x, e in zip(self._inv_scale2, ax, ae):
-            total = total + torch.dot((x * w).reshape(-1), e.reshape(-1))
+        for c2, x, e in zip(self._each_scale2(), ax, ae):
+            total = total + torch.dot((x * self._inverse(c2)).reshape(-1), e.reshape(-1))
         return torch.as_tensor(total)
 
     def norm(self, xi):
@@ -195,7 +214,7 @@ class ProductSpace:
 
     def project_horizontal(self, xi):
         px, _, ax = self._split(xi)
-        return self._join([b.project(x) for b, x in zip(self.bound, px)], [x * m for m, x in zip(self._movable, ax)])
+        return self._join([b.project(x) for b, x in zip(self.bound, px)], [x * (c2 > 0) for c2, x in zip(self._each_scale2(), ax)])
 
     def project(self, xi, rho):
         """Horizontal projection, then radially into the ball ‖ξ‖ ≤ ρ."""
@@ -239,7 +258,7 @@ class ProductSpace:
             parts.append(d)
             states.append(st)
             dd, xd = dd + dd_k, xd + xd_k
-        d_a = [c2 * g for c2, g in zip(self._scale2, ag)]
+        d_a = [c2 * g for c2, g in zip(self._each_scale2(), ag)]
         dd = dd + frobenius(d_a, ag)
         xd = xd + frobenius(ax, ag)
         return self._join(parts, d_a, states), torch.as_tensor(dd), torch.as_tensor(xd)

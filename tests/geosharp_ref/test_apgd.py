@@ -1,5 +1,7 @@
 """Auto-PGD: checkpoint schedule, and agreement with exact trust-region maxima (rung 6 flavour)."""
+import gc
 import math
+import weakref
 
 import numpy as np
 import pytest
@@ -168,3 +170,110 @@ def test_the_written_protocol_lists_what_apgd_uses():
     res = apgd(lambda x: (float(x[0].sum()), [torch.ones(3, dtype=torch.float64)]), m, 1.0, n_iter=5,
                start=[torch.tensor([0.1, 0.0, 0.0], dtype=torch.float64)])
     assert res.best_value == pytest.approx(3 ** 0.5, rel=1e-4)
+
+
+def _apgd_keeping_every_vector(f_and_grad, space, rho, n_iter, generator, momentum=0.75, rho_osc=0.75):
+    """Auto-PGD as it was written before the lean loop: :func:`~geosharp_ref.apgd.apgd_step` on (x, x_prev, g)
+    held across the gradient evaluation (the same arithmetic, more vectors alive)."""
+    from geosharp_ref.apgd import apgd_step
+    x = space.project(space.random(rho, generator), rho)
+    xx = space.inner(x, x)
+    f, g = f_and_grad(x)
+    values, x_best, f_best, g_best, xx_best, x_prev, eta = [f], x, f, g, xx, x, 2.0 * rho
+    checkpoints, last, halved, f_last, inc = set(apgd_checkpoints(n_iter)), 0, False, f, 0
+    for k in range(n_iter):
+        x_new, xx_new = apgd_step(space, x, x_prev, g, xx, eta, rho, 1.0 if k == 0 else momentum)
+        f_new, g_new = f_and_grad(x_new)
+        values.append(f_new)
+        inc += f_new > f
+        x_prev, x, f, g, xx = x, x_new, f_new, g_new, xx_new
+        if f_new > f_best:
+            x_best, f_best, g_best, xx_best = x_new, f_new, g_new, xx_new
+        if k + 1 in checkpoints and k + 1 < n_iter:
+            halved = inc < rho_osc * (k + 1 - last) or (not halved and f_best <= f_last)
+            if halved:
+                eta /= 2.0
+                x, f, g, xx = x_best, f_best, g_best, xx_best
+            f_last, last, inc = f_best, k + 1, 0
+    return values, x_best
+
+
+@pytest.mark.parametrize("metric", ["inv", "mix"])
+def test_lean_loop_visits_the_iterates_of_the_loop_keeping_every_vector(metric):
+    """Dropping spent vectors (the gradient once d is formed, d and x_prev once x_new is) changes no iterate: on a
+    tiny Llama (RoPE Q/K pairs, V/O pairs, gated-MLP units, adaptive rest; float64, random start, restarts
+    included) the values and the best point agree with the loop that holds every vector to 1e-12."""
+    from geosharp_ref.forward import model_loss
+    from geosharp_ref.sharpness.pipeline import build_space
+    from geosharp_ref.symmetry import find_symmetries, symmetry_map
+    from tests.cases import models
+    torch.manual_seed(0)
+    model = models.llama(initializer_range=0.5).double().eval()
+    ids = torch.randint(3, 50, (3, 7), generator=torch.Generator().manual_seed(1))
+    batch = ({"input_ids": ids}, torch.cat([ids[:, 1:], torch.full((3, 1), -100)], 1))
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    smap = symmetry_map(model)
+    space = build_space(params, smap, metric, find_symmetries(model, batch, metric=metric, seed=0).bindings)
+    assert space.factors and space.adaptive_names  # factors and an adaptive rest
+    f_and_grad = space.value_and_grad(lambda p: model_loss(model, p, batch))
+    res = apgd(f_and_grad, space, 0.5, n_iter=12, random_start=True, generator=torch.Generator().manual_seed(3))
+    values, best = _apgd_keeping_every_vector(f_and_grad, space, 0.5, 12, torch.Generator().manual_seed(3))
+    assert len(res.values) == len(values) == 13
+    np.testing.assert_allclose(res.values, values, rtol=1e-12, atol=1e-15)
+    assert len(res.best_xi) == len(best)
+    for a, b in zip(res.best_xi, best):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)
+
+
+class _CountingBall(EuclideanBall):
+    """The Euclidean ball recording every tensor its operations (and the objective's gradients) create, weakly."""
+
+    def __init__(self, dim):
+        super().__init__(dim)
+        self.made = weakref.WeakSet()
+
+    def keep(self, xi):
+        self.made.update(xi)
+        return xi
+
+    def zeros(self):
+        return self.keep(super().zeros())
+
+    def random(self, rho, generator=None):
+        return self.keep(super().random(rho, generator))
+
+    def project(self, xi, rho):
+        return radial_clip(xi, self.inner(xi, xi), rho, scale=self.scale)[0]
+
+    def lincomb(self, terms):
+        return self.keep(super().lincomb(terms))
+
+    def scale(self, xi, s):
+        return self.keep(super().scale(xi, s))
+
+
+def test_apgd_keeps_at_most_four_vectors_alive_while_evaluating():
+    """While f and its gradient are evaluated at x_new, Auto-PGD holds x_new, x (the next x_prev) and the best
+    point with its gradient: at most four tangent vectors (the loop that held x_prev and the spent gradient as
+    well keeps six or more on this objective, whose steps overshoot so that the best point is often an older one)."""
+    dim = 64
+    gen = torch.Generator().manual_seed(0)
+    c = torch.randn(dim, generator=gen, dtype=torch.float64)
+    c = 0.2 * c / c.norm()  # the maximiser, inside the ball: steps of 2ρ overshoot it
+    space, alive = _CountingBall(dim), []
+
+    def f_and_grad(x):
+        gc.collect()
+        alive.append(len(space.made))
+        v = x[0]
+        return float(-((v - c) ** 2).sum()), space.keep([-2 * (v - c)])
+
+    def most_alive(run):
+        gen.manual_seed(1)
+        alive.clear()
+        values = run(gen)
+        assert len(alive) == 21 and max(values) > values[0] and min(values[1:]) < max(values[:-1])  # not monotone
+        return max(alive)
+
+    assert most_alive(lambda g: _apgd_keeping_every_vector(f_and_grad, space, 0.7, 20, g)[0]) >= 6  # counts right
+    assert most_alive(lambda g: apgd(f_and_grad, space, 0.7, n_iter=20, random_start=True, generator=g).values) <= 4

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ...io.durable import write_text_atomic
 from ...plots import plot_diagnet_scatter
 from ...stats import kendall_with_ci
 from .apgd_space import apgd_sharpness
@@ -277,8 +278,7 @@ def run_experiment(n_models: int = 50, seed: int = 0, out_dir="diagnet_out", rho
                    figure=str(out / "diagnet.png")),
         table=table,
     )
-    with open(out / "results.json", "w") as fh:
-        json.dump(results, fh, indent=2)
+    write_text_atomic(out / "results.json", json.dumps(results, indent=2))
     if verbose:
         print(table)
     return results
