@@ -157,22 +157,10 @@ def run(args) -> int:
     print(f"  seconds   : {result.seconds:.2f}")
 
     if args.json:
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        d = result.to_dict()
-        d.update(model_dir=str(resolve_model_dir(args.model_dir).resolve()), model_class=name,
-                 data=str(Path(args.data).resolve()), batches=n_batches, batch_size=args.batch_size,
-                 examples_available=n)
-        if probe is not None:
-            d["probe"] = probe
-        if spec is not None:
-            d.update(spec=str(Path(args.spec).resolve()), spec_metric=args.metric)
+        extra = dict(spec=str(Path(args.spec).resolve()), spec_metric=args.metric) if spec is not None else {}
         if symmetries is not None:
-            d["all_symmetries"] = bool(args.all_symmetries)
-        if smap is not None:
-            d["refused"] = [list(r) for r in smap.refused]
-        write_text_atomic(out, json.dumps(d, indent=2) + "\n")
-        print(f"  json      : {out}")
+            extra["all_symmetries"] = bool(args.all_symmetries)
+        _write_json(args, result, name, n_batches, n, probe, smap, extra)
     return 0
 
 
@@ -348,20 +336,26 @@ def run_measure(args) -> int:
     print(f"  seconds   : {result.seconds:.2f}")
 
     if args.json:
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        d = result.to_dict()
-        d.update(model_dir=str(resolve_model_dir(args.model_dir).resolve()), model_class=name,
-                 data=str(Path(args.data).resolve()), batches=n_batches, batch_size=args.batch_size,
-                 examples_available=n)
-        if probe is not None:
-            d["probe"] = probe
-        if spec is not None:
-            d["spec"] = str(Path(args.spec).resolve())
+        extra = {"spec": str(Path(args.spec).resolve())} if spec is not None else {}
         if "symmetries" in options:
-            d["all_symmetries"] = bool(args.all_symmetries)
-        if smap is not None:
-            d["refused"] = [list(r) for r in smap.refused]
-        write_text_atomic(out, json.dumps(d, indent=2, default=str) + "\n")
-        print(f"  json      : {out}")
+            extra["all_symmetries"] = bool(args.all_symmetries)
+        _write_json(args, result, name, n_batches, n, probe, smap, extra)
     return 0
+
+
+def _write_json(args, result, name, n_batches, n, probe, smap, extra) -> None:
+    """``--json``: the result, what was evaluated (model, data, batches, probe, ``extra``) and the refused
+    symmetries, written atomically."""
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    d = result.to_dict()
+    d.update(model_dir=str(resolve_model_dir(args.model_dir).resolve()), model_class=name,
+             data=str(Path(args.data).resolve()), batches=n_batches, batch_size=args.batch_size,
+             examples_available=n)
+    if probe is not None:
+        d["probe"] = probe
+    d.update(extra)
+    if smap is not None:
+        d["refused"] = [list(r) for r in smap.refused]
+    write_text_atomic(out, json.dumps(d, indent=2, default=str) + "\n")
+    print(f"  json      : {out}")
