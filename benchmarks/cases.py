@@ -116,7 +116,8 @@ ITERATION_TARGETS = {"geodesic-mix": 1.10, "geodesic-inv": 1.25, "geodesic-mix-p
 #: the measures of case 1c (the Llama-shaped decoder, :func:`case_iteration_llama`): adaptive; ``geodesic-mix``,
 #: the attention pairs alone (V/O through the fast GL factor, RoPE Q/K as generic ``rope_half_mix`` factors);
 #: ``geodesic-mix-all``, ``geodesic_sharpness(..., symmetries="all")``'s space (the pairs plus every built-in
-#: the library finds and checks on the model: SwiGLU unit rescaling per layer, the head's softmax translation)
+#: the library finds and checks on the model: SwiGLU unit rescaling per layer, the head's softmax translation,
+#: and the weights of every norm, quotiented jointly with those symmetries by folding them into their readers)
 LLAMA_MEASURES = ("adaptive", "geodesic-mix", "geodesic-mix-all")
 #: the per-iteration target of case 1c (issue 30): everything quotiented / adaptive
 LLAMA_TARGET = 1.25
@@ -202,7 +203,7 @@ def case_iteration(quick: bool, device, reps: int, kinds=("bert", "vit"), measur
         model, batch = make_model(kind, quick, batch=8 if not quick else 2)
         model = model.to(device)
         batch = ({k: v.to(device) for k, v in batch[0].items()}, batch[1].to(device))
-        states, splits, factors, quotiented = {}, {}, {}, {}
+        states, splits, factors, quotiented, joint = {}, {}, {}, {}, {}
         for m in measures:
             space, fg, x, rho = iteration_setup(model, batch, m)
             _, g = fg(x)
@@ -211,6 +212,8 @@ def case_iteration(quick: bool, device, reps: int, kinds=("bert", "vit"), measur
             if m != "adaptive":  # which groups each measure quotients, and their share of the parameters
                 factors[m] = space.factor_keys
                 quotiented[m] = _quotiented_fraction(space, model)
+                # the norms quotiented jointly with their readers (symmetries="all": norm weights folded)
+                joint[m] = [norm for norm, _ in space.quotient.joint]
         fns = {m: (lambda m=m: _one_iteration(states[m], splits[m])) for m in measures}
         # untimed iterations first, as the start of any Auto-PGD run: until the heap has grown to its
         # steady size, an iteration page-faults hundreds of MB in (about 1 s of system time on BERT-base)
@@ -234,6 +237,7 @@ def case_iteration(quick: bool, device, reps: int, kinds=("bert", "vit"), measur
             cpu={k: ratio_stats(cpu[m], cpu["adaptive"]) for m, k in keys.items()},
             factors=factors,
             quotiented=quotiented,
+            joint=joint,
         )
         if "generic-mix" in measures and "geodesic-mix" in measures:  # the generic path vs the fast path
             out[kind]["generic_over_mix"] = ratio_stats(times["generic-mix"], times["geodesic-mix"])

@@ -25,7 +25,10 @@ Initial η = 2ρ. At checkpoints w_j = ⌈p_j N⌉, p₀ = 0, p₁ = 0.22,
 p_{j+1} = p_j + max(p_j − p_{j−1} − 0.03, 0.06), the step is halved and the iterate restarts from
 the best point when (1) fewer than 75 % of the steps since the last checkpoint increased f, or
 (2) the step was not halved at the last checkpoint and the best value has not improved since.
-The best iterate is kept; ``n_iter`` gradient evaluations follow the one at the start.
+The best iterate is kept; ``n_iter`` gradient evaluations follow the one at the start, plus one per restart
+from a best point older than the current iterate: its gradient is evaluated again there rather than kept (f and
+its gradient are deterministic functions of the point, so the iterates are those of keeping it, and a
+parameter-sized vector fewer is alive between restarts).
 
 Host synchronisation: the step normalisation stays on the device; the only value read back per
 iteration is f (returned as a float by ``f_and_grad``), which the best-iterate and step-size
@@ -246,7 +249,7 @@ def apgd(f_and_grad, space: Space, rho: float, n_iter: int = 20, random_start: b
     f, g = f_and_grad(x)
     f0 = f
     values, steps = [f], []
-    x_best, f_best, g_best, xx_best = x, f, g, xx
+    x_best, f_best, xx_best = x, f, xx  # the best point's gradient is not kept (recomputed on a restart)
     x_prev = x
     eta = 2.0 * rho
     checkpoints = set(apgd_checkpoints(n_iter))
@@ -256,9 +259,9 @@ def apgd(f_and_grad, space: Space, rho: float, n_iter: int = 20, random_start: b
     increases = 0
     for k in range(n_iter):
         # apgd_step, with every vector dropped once spent: the gradient at x once d is formed, d and x_prev
-        # once x_new is (each stays alive only as the best point's), so about four tangent vectors are alive
-        # at a time besides the best point's two (x, x_prev, d, x_new while combining; x, x_new, the
-        # perturbed parameters and the new gradient while evaluating)
+        # once x_new is (x_prev stays alive only while it is the best point), so four tangent vectors are alive
+        # at a time besides an older best point (x, x_prev, d, x_new while combining; x, x_new, the perturbed
+        # parameters and the new gradient while evaluating)
         ascent = space.ascent_step(x, g)
         g = g_new = None
         x_new = _next_iterate(space, x, x_prev, ascent, xx, eta, rho, 1.0 if k == 0 else momentum)
@@ -271,7 +274,8 @@ def apgd(f_and_grad, space: Space, rho: float, n_iter: int = 20, random_start: b
             increases += 1
         x_prev, x, f, g, xx = x, x_new, f_new, g_new, xx_new
         if f_new > f_best:
-            x_best, f_best, g_best, xx_best = x_new, f_new, g_new, xx_new
+            x_best, f_best, xx_best = x_new, f_new, xx_new
+        x_new = g_new = None  # held as x and g
         it = k + 1
         if it in checkpoints and it < n_iter:
             oscillating = increases < rho_osc * (it - last_check)
@@ -279,7 +283,10 @@ def apgd(f_and_grad, space: Space, rho: float, n_iter: int = 20, random_start: b
             halved_at_last_check = oscillating or stalled
             if halved_at_last_check:
                 eta /= 2.0
-                x, f, g, xx = x_best, f_best, g_best, xx_best
+                if x_best is not x:  # restart from an older best point: its gradient evaluated again there
+                    x, g = x_best, None  # the current iterate and its gradient dropped first
+                    f, xx = f_best, xx_best
+                    _, g = f_and_grad(x)
             f_best_at_last_check = f_best
             last_check = it
             increases = 0

@@ -124,7 +124,8 @@ def test_all_symmetries_are_the_ones_the_library_binds(build, batch, expected):
 def test_llama_rows_quotient_rope_vo_and_gated_units():
     """Case 1c on the tiny Llama-shaped decoder (GQA 6 over 2 heads, RoPE, SwiGLU): ``geodesic-mix`` quotients
     the pairs (RoPE Q/K as ``rope_half_mix``, V/O as ``gl_mix``), ``geodesic-mix-all`` also the gated units of
-    every layer and the head's translation (what ``symmetries="all"`` resolves); finite ratios to adaptive and
+    every layer and the head's translation, and the norms' weights jointly with them (what ``symmetries="all"``
+    resolves); finite ratios to adaptive and
     the report's row with the ≤ 1.25 target."""
     from benchmarks.cases import LLAMA_MEASURES, ITERATION_TARGETS, case_iteration_llama, iteration_setup, make_model
     from benchmarks.report import render
@@ -136,13 +137,18 @@ def test_llama_rows_quotient_rope_vo_and_gated_units():
     q = space.quotient
     layers = model.config.num_hidden_layers
     assert sorted(p.kernels for p in q.pairs) == ["gl_mix"] * layers + ["rope_half_mix"] * layers
-    assert [b.key for b in q.bindings] == [f"model.layers.{i}.mlp.up_proj.weight:gated-units"
-                                          for i in range(layers)] + ["score.weight:translation"]
+    assert [b.key for b in q.bindings if b.kernels is not None] == [
+        f"model.layers.{i}.mlp.up_proj.weight:gated-units" for i in range(layers)] + ["score.weight:translation"]
+    # and every norm's weights, jointly with the symmetries of their readers (folded; no factor of their own)
+    norms = [f"model.layers.{i}.{n}:norm-weights" for i in range(layers)
+             for n in ("input_layernorm", "post_attention_layernorm")] + ["model.norm:norm-weights"]
+    assert [b.key for b in q.bindings if b.kernels is None] == norms and [n for n, _ in q.joint] == norms
     res = case_iteration_llama(True, torch.device("cpu"), 1)
     r = res["llama"]
     for key in ("mix", "mix_all"):
         assert math.isfinite(r[key]["median"]) and r[key]["median"] > 0 and math.isfinite(r["cpu"][key]["median"])
     assert 0 < r["quotiented"]["geodesic-mix"] < r["quotiented"]["geodesic-mix-all"] < 1
+    assert r["joint"]["geodesic-mix"] == [] and r["joint"]["geodesic-mix-all"] == norms
     assert r["flops"]["adaptive"] < r["flops"]["geodesic-mix"] < r["flops"]["geodesic-mix-all"]
     text = render({"cpu": "test"}, {"iteration-llama": res}, True, 0.0)
     assert "all/adaptive (≤ 1.25)" in text and "2 × gated-units" in text and "2 × qk" in text

@@ -38,6 +38,8 @@ def _quotiented(cfg, args, spec, declared_count) -> str:
         parts.append(f"{args.metric} on {declared_count} declared bindings")
     if bindings - declared_count > 0:
         parts.append(f"{bindings - declared_count} built-in bindings")
+    if cfg.get("joint"):
+        parts.append(f"{len(cfg['joint'])} joint groups (norm weights, stream scaling, LoRA × attention)")
     return " (" + "; ".join(parts) + "; adaptive elsewhere)"
 
 

@@ -68,7 +68,7 @@ def run(args) -> int:
                                 group=g.group_name, kernels=str(g.kernels))
                            for g in smap.groups],
                    refused=[dict(key=k, reason=r) for k, r in smap.refused], adaptive=list(smap.adaptive),
-                   further=report.to_dict()["entries"],
+                   further=report.to_dict()["entries"], joint=report.to_dict()["joint"],
                    declared=[dict(key=b.key, params=list(b.param_names)) for b in declared])
         write_text_atomic(out, json.dumps(doc, indent=2) + "\n")
         print(f"json: {out}")

@@ -250,6 +250,11 @@ class QuotientHessian(_FlatOperator):
         self.space = space
         self.flat_geometry = not space.geodesic_correction
         generic = [g for f in space.factors for g in f.generic()]
+        plain = [g for g in generic if not hasattr(g, "module")]
+        if plain:
+            raise ValueError(f"the Riemannian Hessian needs factors with generated kernels; {plain[0].keys[0]} is "
+                             f"quotiented by a {type(plain[0]).__name__} (LoRA × attention), which has none: "
+                             f"evaluate the curvature without --all-symmetries (or symmetries='all') on this model")
         self.blocks = [_Block(g.at(space.base, SpaceOptions())) for g in generic]
         if sum(b.at.size for b in self.blocks) != sum(space.sizes):
             raise ValueError("the space's factors and their generic versions disagree on the tangent layout")
@@ -287,17 +292,37 @@ class QuotientHessian(_FlatOperator):
         """The parameter direction of a tangent: each factor's blocks placed by its binding (``insert``), the
         adaptive components (masked) on their parameters; zero elsewhere. Linear in ξ."""
         parts, rest = self._split(xi)
-        out = {n: torch.zeros_like(self.space.base[n]) for n in self.names}
-        for b, x in zip(self.blocks, parts):
-            out = b.at.insert(out, x)
+        out = self._blocks_to_params(parts)
         for n, m, x in zip(self.space.adaptive_names, self.space.masks, rest):
             out[n] = out[n] + (x if m is None else x * m.to(x.dtype))
         return out
 
-    def from_params(self, d: dict) -> list:
-        """The tangent components of a parameter covector (the adjoint of :meth:`to_params`: each factor's
-        ``extract``, the masked adaptive entries)."""
-        parts = [list(b.factor.binding.extract(d)) for b in self.blocks]
+    def _blocks_to_params(self, parts) -> dict:
+        """Σ_k (the parameter direction of factor k's blocks), on :attr:`names`: each binding's ``insert`` into a
+        zero direction (the parameters outside :attr:`names`, e.g. a norm's γ a folded binding reads, from θ)."""
+        out = {**self.space.base, **{n: torch.zeros_like(self.space.base[n]) for n in self.names}}
+        for b, x in zip(self.blocks, parts):
+            out = b.at.insert(out, x)
+        return {n: out[n] for n in self.names}
+
+    def from_params(self, d: dict, covector: bool = True) -> list:
+        """The tangent components of a parameter covector ``d`` (``covector``: the adjoint of :meth:`to_params`)
+        or of a parameter direction (``covector=False``: each factor's ``extract``), with the masked adaptive
+        entries. The two agree for bindings that cut blocks out of parameters; for a binding seen through a
+        norm's fold (:func:`~geosharp_ref.symmetry.norm_weights.fold_binding`: W = Ŵ Γ⁻¹) a direction maps to
+        d Γ and a covector to d Γ⁻¹, so the adjoint is taken by ``torch.func.vjp`` of the linear ``insert``."""
+        full = {**self.space.base, **d}
+        parts = []
+        for b in self.blocks:
+            binding = b.factor.binding
+            if covector and getattr(binding, "norm_folds", ()):
+                zero = tuple(torch.zeros_like(x) for x in b.at.point)
+                base = {**self.space.base, **{n: torch.zeros_like(self.space.base[n]) for n in self.names}}
+                _, pull = torch.func.vjp(lambda *x, base=base, at=b.at: tuple(
+                    at.insert(base, list(x))[n] for n in binding.param_names), *zero)
+                parts.append(list(pull(tuple(full[n] for n in binding.param_names))))
+            else:
+                parts.append(list(binding.extract(full)))
         rest = [d[n] if m is None else d[n] * m.to(d[n].dtype) for n, m in zip(self.space.adaptive_names,
                                                                                  self.space.masks)]
         return parts, rest
@@ -344,7 +369,7 @@ class QuotientHessian(_FlatOperator):
     def matvec_params(self, d: dict) -> dict:
         """:meth:`matvec` on parameter dicts: the tangent of the direction ``d`` (each factor's ``extract``,
         the adaptive entries), its Hessian placed back as a parameter direction."""
-        parts, rest = self.from_params(d)
+        parts, rest = self.from_params(d, covector=False)
         return self.to_params(self.matvec(self._join(parts, rest)))
 
     # -- metric-orthonormal coordinates --------------------------------------------------------------

@@ -30,9 +30,11 @@ from ..apgd import apgd
 from ..forward import check_finite_batch, default_loss, model_loss, to_device
 from ..kernels import check_metric
 from ..symmetry import NoAttentionPairsWarning, Quotient, symmetry_map
+from ..symmetry.quotient import bound_binding
 from .exact_geodesic import check_geodesic, second_order_params
 from .factors import Factor
 from .gl_factor import gl_pair_factors
+from .joint_lora import joint_lora_factors
 from .result import SharpnessResult, relative_perturbation
 from .space import GRADIENTS, ProductSpace
 
@@ -187,7 +189,13 @@ def build_space(params, smap=None, metric=None, symmetries=None, *, model=None, 
             quotient = Quotient.resolve(model, batch, metric=metric, symmetries=symmetries, smap=smap)
         else:
             quotient = Quotient.assemble(params, smap, metric, symmetries or ())
-    factors = pair_factors(quotient.pairs, quotient.metric, eps) + binding_factors(quotient.bindings, eps)
+    # LoRA adapters quotiented jointly with the pairs that hold their rows: one joint factor per connected set
+    joint = [s for s in quotient.bindings if getattr(bound_binding(s), "joint_pairs", None)]
+    joint_factors, pairs = (joint_lora_factors(None, quotient.pairs, quotient.metric, eps,
+                                               loras=[bound_binding(s) for s in joint]) if joint
+                            else ([], quotient.pairs))
+    rest = [s for s in quotient.bindings if not any(s is j for j in joint)]
+    factors = pair_factors(pairs, quotient.metric, eps) + joint_factors + binding_factors(rest, eps)
     space = ProductSpace(params, factors, quotient.adaptive_masks, fast=fast, **options)
     space.quotient = quotient
     return space
@@ -197,9 +205,13 @@ def binding_factors(bindings, eps: float = 0.0) -> list:
     """The further bindings of a quotient as factors, in order: a :class:`Factor` given is kept; the bindings
     quotiented by a built-in ``gl_<metric>`` geometry (GL(1) unit pairs of ReLU and gated MLPs, LoRA's GL(r))
     share one fast :class:`~geosharp_ref.sharpness.gl_factor.GLPairFactor` per metric (placed where the first of
-    them stands); every other binding is a generic :class:`Factor` of its own kernels."""
+    them stands); every other binding is a generic :class:`Factor` of its own kernels. A binding whose kernels
+    are None (:class:`~geosharp_ref.symmetry.norm_weights.NormWeightsBinding`: its quotient is a point) gets no
+    factor: its parameters do not move."""
     out, fast = [], {}
     for s in bindings:
+        if not isinstance(s, Factor) and s.kernels is None:  # a quotient that is a point (norm weights): no factor
+            continue
         kernels = None if isinstance(s, Factor) else s.kernels
         metric = kernels[3:] if kernels in ("gl_inv", "gl_mix") and not getattr(s, "kernel_options", None) else None
         if metric is None:
@@ -282,7 +294,8 @@ def evaluate(model, batches, rho, options: EvaluationOptions = EvaluationOptions
                       dtype=str(dtype), pairs=len(groups), heads=sum(g.num_heads for g in groups),
                       adaptive_params=len(space.adaptive_names),
                       factors=space.factor_keys if symmetries is not None else None,
-                      yielded=[list(y) for y in quotient.yielded], geodesic=options.geodesic)
+                      yielded=[list(y) for y in quotient.yielded],
+                      joint=[[norm, list(keys)] for norm, keys in quotient.joint], geodesic=options.geodesic)
         if options.geodesic == "exact":  # the second-order value at the same maximiser, and the gap
             second = out.pop("second_order")
             config.update(steps=options.steps, second_order_per_batch=second,

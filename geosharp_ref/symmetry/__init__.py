@@ -26,6 +26,7 @@ from .binding import Binding
 from .check import check_binding, check_symmetry
 from .declared import DeclaredBinding, check_declarations, declared_bindings
 from .heads import HeadTranslationBinding
+from .norm_weights import NormWeightsBinding, fold_binding
 from .norms import NormScalingBinding, norm_scaling_bindings
 from .quotient import Quotient, SymmetryReport, find_symmetries
 from .gated import GatedUnitsBinding, gated_mlp_candidates
@@ -33,6 +34,6 @@ from .units import ReLUUnitsBinding
 
 __all__ = ["PairGroup", "PairSpec", "SymmetryMap", "symmetry_map", "HeadTranslationBinding", "ReLUUnitsBinding",
            "GatedUnitsBinding", "gated_mlp_candidates",
-           "LoRABinding", "NormScalingBinding", "lora_bindings", "norm_scaling_bindings", "check_binding",
+           "LoRABinding", "NormScalingBinding", "NormWeightsBinding", "fold_binding", "lora_bindings", "norm_scaling_bindings", "check_binding",
            "DeclaredBinding", "check_declarations", "declared_bindings", "SymmetryReport", "find_symmetries",
            "check_symmetry", "Binding", "Quotient", "NoAttentionPairsWarning"]

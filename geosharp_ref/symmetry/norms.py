@@ -26,6 +26,8 @@ output read before a norm scale with c: ``check_binding`` is only as strict as t
 """
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 import torch
@@ -33,7 +35,7 @@ import torch
 from ..kernels import load_kernels
 from .check import check_binding
 
-__all__ = ["NormScalingBinding", "NormScalingCandidate", "norm_scaling_candidates", "norm_scaling_bindings",
+__all__ = ["NormScalingBinding", "StreamFold", "NormScalingCandidate", "norm_scaling_candidates", "norm_scaling_bindings",
            "NORM_SCALING_ELEMENTS", "POWER_OF_TWO_ELEMENTS", "KIND"]
 
 #: the family's name in reports
@@ -83,10 +85,75 @@ class NormScalingBinding:
 
     def act(self, params, a) -> dict:
         """ψ(a, θ): every bound parameter times a > 0 (``a``: a number or a tensor of shape (1,)), by the
-        ``scaling`` kernel's own ``act``."""
+        ``scaling`` kernel's own ``act``; in a joint binding (:meth:`joint_with`) the writers other symmetries
+        hold are scaled too (the action is the whole stream's)."""
         (w,) = self.extract(params)
         a = torch.as_tensor(a, dtype=w.dtype, device=w.device).reshape(1)
-        return self.insert(params, load_kernels(self.kernels).act(w, a))
+        out = self.insert(params, load_kernels(self.kernels).act(w, a))
+        for n in getattr(self, "writers", ()):
+            if n not in self.param_names:
+                out[n] = params[n] * a.reshape(())
+        return out
+
+    def joint_with(self, taken) -> Optional["NormScalingBinding"]:
+        """This stream scaling quotiented jointly with the symmetries that hold some of its writers (``taken``:
+        parameter name → key), or None when they hold none or all of them.
+
+        The fold (:class:`StreamFold`): with F the free writers (held by no other symmetry) and s = ‖F‖, the
+        coordinates (F, Ŵ = W / s) for the held writers W make the stream group act on F alone (F ↦ aF,
+        Ŵ fixed) and the other groups on Ŵ alone (they do not touch F). The joint binding binds F only (the
+        ``scaling`` geometry: the radial direction of F is the orbit, its quotient the sphere of F) and its
+        action still scales every writer; the symmetries holding the other writers see them folded
+        (:func:`~geosharp_ref.symmetry.norm_weights.fold_binding`). Horizontal geodesics of F keep ‖F‖ (to
+        fourth order for the second-order geodesic), so W = s Ŵ moves as its own geometry says."""
+        free = tuple(n for n in self.param_names if n not in taken)
+        held = tuple(n for n in self.param_names if n in taken)
+        if not free or not held:
+            return None
+        out = copy.copy(self)
+        out.writers, out.param_names = self.param_names, free
+        out.joint_fold = StreamFold(self.key, free, held)
+        return out
+
+    @property
+    def summary(self) -> Optional[str]:
+        fold = getattr(self, "joint_fold", None)
+        if fold is None:
+            return None
+        return (f"{self.kernels} on the {len(fold.free)} free writers; the {len(fold.readers)} writers other "
+                f"symmetries hold are folded (÷ ‖free writers‖) and quotiented jointly")
+
+
+@dataclass(frozen=True)
+class StreamFold:
+    """The fold of a stream scaling held partly by other symmetries (:meth:`NormScalingBinding.joint_with`):
+    s = ‖F‖ over the free writers ``free``, Ŵ = W / s for the held writers ``readers`` (the name
+    :func:`~geosharp_ref.symmetry.norm_weights.fold_binding` reads)."""
+
+    key: str
+    free: tuple
+    readers: tuple
+
+    @property
+    def reader_names(self) -> tuple:
+        return self.readers
+
+    def scale_of(self, params) -> torch.Tensor:
+        return torch.sqrt(sum(params[n].pow(2).sum() for n in self.free))
+
+    def fold(self, params, names) -> dict:
+        out, s = dict(params), self.scale_of(params)
+        for n in self.readers:
+            if n in names:
+                out[n] = params[n] / s.to(params[n].dtype)
+        return out
+
+    def unfold(self, params, folded, moved, names) -> dict:
+        out, s = dict(moved), self.scale_of(params)
+        for n in self.readers:
+            if n in names:
+                out[n] = params[n] + (moved[n] - folded[n]) * s.to(params[n].dtype)
+        return out
 
 
 class NormScalingCandidate(NamedTuple):

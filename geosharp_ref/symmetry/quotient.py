@@ -21,13 +21,14 @@ search as a report (``geosharp symmetries`` prints it).
 """
 from __future__ import annotations
 
+import copy
 import warnings
 from dataclasses import dataclass, field
 
 import torch
 
 from ..kernels import gl_kernels
-from . import adapters, gated, heads, norms, units
+from . import adapters, gated, heads, norm_weights, norms, units
 from .attention import NoAttentionPairsWarning, SymmetryMap, symmetry_map
 from .binding import ONE_SYMMETRY, claim
 from .summary import summary_lines
@@ -49,6 +50,8 @@ class SymmetryReport:
     smap: object
     bindings: list = field(default_factory=list)
     entries: list = field(default_factory=list)
+    #: ``(key, [keys quotiented jointly with it])`` (:attr:`Quotient.joint`)
+    joint: list = field(default_factory=list)
 
     @property
     def refused(self) -> list:
@@ -68,11 +71,19 @@ class SymmetryReport:
             # a refusal repeated per layer: one line with the count and the layer range
             lines += summary_lines([(key, detail) for key, _, status, detail in rows if status == "refused"],
                                    status=f"{'refused':7s}")
+        if self.joint:
+            lines.append(f"joint groups: {len(self.joint)} symmetries quotiented as one group with those sharing "
+                         f"their parameters (norm weights and the stream scaling folded, LoRA × attention pairs; "
+                         f"nothing yielded)")
+            lines += summary_lines([(key, "with " + (", ".join(keys) if keys else "its readers' adaptive geometry "
+                                                                                "alone"))
+                                    for key, keys in self.joint], status=f"{'joint':7s}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
         return dict(bindings=[b.key for b in self.bindings],
-                    entries=[dict(key=k, kind=t, status=s, detail=d) for k, t, s, d in self.entries])
+                    entries=[dict(key=k, kind=t, status=s, detail=d) for k, t, s, d in self.entries],
+                    joint=[dict(key=n, keys=list(k)) for n, k in self.joint])
 
 
 def bound_binding(symmetry):
@@ -141,8 +152,8 @@ def _checked_builtins(model, batch, metric: str, smap, seed: int, params64) -> S
         except ValueError as exc:
             report.entries.append((binding.key, kind, "refused", str(exc)))
             return
-        report.entries.append((binding.key, kind, "bound", f"{binding.kernels} on {len(binding.param_names)} "
-                                                           f"parameters; output change {worst:.1e}{note}"))
+        what = getattr(binding, "summary", None) or f"{binding.kernels} on {len(binding.param_names)} parameters"
+        report.entries.append((binding.key, kind, "bound", f"{what}; output change {worst:.1e}{note}"))
         report.bindings.append(binding)
         for n in binding.param_names:
             taken[n] = binding.key
@@ -175,22 +186,37 @@ def _checked_builtins(model, batch, metric: str, smap, seed: int, params64) -> S
     if gated_mlps:  # a decoder's MLPs are gated: no "no MLP of a recognised layout" line for ReLU units
         relu = [c for c in relu if c.key != "MLP"]
     translation = heads.head_translation_candidates(model, batch)
+    norm_w = norm_weights.norm_weight_candidates(model, batch)
     from tqdm.auto import tqdm
 
-    total = len(lora) + sum(c[1] is not None for c in [*relu, *gated_mlps, *translation])
+    total = len(lora) + sum(c[1] is not None for c in [*relu, *gated_mlps, *translation, *norm_w])
     # progress on a terminal only (disable=None), for models with many layers
     bar = tqdm(total=total, desc="checking symmetries (float64)", unit="binding", disable=None, leave=False)
     with bar:
+        groups = {g.key: g for g in smap.groups}
         for b in lora:
+            clash = _clash(taken, b)
+            held = [groups[k] for k in clash if k in groups]
+            if clash and len(held) == len(clash):  # held by attention pairs only: quotiented jointly with them
+                if any(getattr(g, "rotary", None) is not None for g in held):
+                    report.entries.append((b.key, adapters.KIND, "refused", f"its parameters belong to "
+                                           f"{', '.join(clash)} ({ONE_SYMMETRY}); LoRA GL(r) is quotiented jointly "
+                                           f"with GL(h) pairs, not with the RoPE subgroup"))
+                    bar.update(1)
+                    continue
+                b = adapters.joint_with_pairs(b, held)
             consider(b, adapters.KIND)
             bar.update(1)
         offer(relu, units.KIND)
         offer(gated_mlps, gated.KIND)
         offer(translation, heads.KIND)
+        offer(norm_w, norm_weights.KIND)
     scaling, refused = norms.norm_scaling_bindings(model, batch, log_probabilities, tol=CHECK_TOL,
                                                    elements=CHECK_SCALES)
     for b in scaling:  # measured by norm_scaling_bindings at CHECK_SCALES already (and eps = 0 required)
-        consider(b, norms.KIND, worst=b.measured_change)
+        # writers held by a pair or an earlier built-in: quotiented jointly with them (the stream fold)
+        joint = b.joint_with(taken) if _clash(taken, b) else None
+        consider(joint or b, norms.KIND, worst=b.measured_change)
     for key, why in refused:
         report.entries.append((key, norms.KIND, "refused", why))
     return report
@@ -239,13 +265,19 @@ class Quotient:
         (bindings or factors; no check, no ``"all"``): ValueError where two of them bind one parameter;
         pairs sharing a parameter with one of them yield."""
         symmetries = list(symmetries)
+        refused = [(k, ATTENTION_KIND, why) for k, why in (smap.refused if smap is not None else ())]
+        if smap is None or metric not in ("inv", "mix"):  # LoRA × pairs needs the pairs, under inv or mix
+            joint = [s for s in symmetries if getattr(bound_binding(s), "joint_pairs", None)]
+            symmetries = [s for s in symmetries if not any(s is j for j in joint)]
+            refused += [(bound_binding(j).key, adapters.KIND, "quotiented jointly with attention pairs only under "
+                                                             "their built-in inv or mix metric: adaptive")
+                        for j in joint]
         bound = {}
         for s in symmetries:
             claim(bound, bound_binding(s))
-        refused = [(k, ATTENTION_KIND, why) for k, why in (smap.refused if smap is not None else ())]
         if smap is None or not metric:
             return cls(smap, metric, [], symmetries, bound, [], refused,
-                       _partly_bound({n: None for n in params}, params, symmetries, bound))
+                       _partly_bound({n: None for n in params}, params, symmetries, bound)).folded()
         kept, yielded = [], []
         for g in smap.groups:
             taken = sorted({bound[n] for n in g.param_names if n in bound})
@@ -261,7 +293,45 @@ class Quotient:
         masks = smap.adaptive_masks if len(kept) == len(smap.groups) else SymmetryMap(kept, smap.param_shapes,
                                                                     smap.refused).adaptive_masks
         masks = _partly_bound(masks, params, symmetries, bound)
-        return cls(smap, metric, [g.with_metric(metric) for g in kept], symmetries, bound, yielded, refused, masks)
+        return cls(smap, metric, [g.with_metric(metric) for g in kept], symmetries, bound, yielded, refused,
+                   masks).folded()
+
+    def folded(self) -> "Quotient":
+        """This quotient with every symmetry whose parameters read a bound norm (a
+        :class:`~geosharp_ref.symmetry.norm_weights.NormWeightsBinding`) seen through that norm's fold, so the
+        norm group and the readers' groups are quotiented jointly (:mod:`.norm_weights`); itself when no
+        norm weights are bound. A factor given explicitly has its binding folded."""
+        folds = norm_weights.folds_of(map(bound_binding, self.bindings))
+        if not folds:
+            return self
+
+        def fold(s):
+            inner = bound_binding(s)
+            if inner is s:
+                return norm_weights.fold_binding(s, folds)
+            out = copy.copy(s)
+            object.__setattr__(out, "binding", norm_weights.fold_binding(inner, folds))
+            return out
+
+        self.pairs = [norm_weights.fold_binding(g, folds) for g in self.pairs]
+        self.bindings = [fold(s) for s in self.bindings]
+        return self
+
+    @property
+    def joint(self) -> list:
+        """``(key, [keys of the symmetries quotiented jointly with it])`` per joint symmetry: a bound norm's
+        weights (the pairs and bindings reading it, seen through its fold, :mod:`.norm_weights`), a stream
+        scaling whose writers other symmetries hold (folded likewise), a LoRA adapter quotiented with the
+        attention pairs holding its rows (:func:`~geosharp_ref.symmetry.adapters.joint_with_pairs`)."""
+        out = []
+        for b in map(bound_binding, self.bindings):
+            fold = getattr(b, "joint_fold", None)
+            if fold is not None:
+                out.append((b.key, [bound_binding(s).key for s in self.all
+                                    if fold in getattr(bound_binding(s), "norm_folds", ())]))
+            elif getattr(b, "joint_pairs", None):
+                out.append((b.key, list(b.joint_pairs)))
+        return out
 
     @classmethod
     def resolve(cls, model, batch=None, *, metric="mix", symmetries=None, smap=None, seed: int = 0) -> "Quotient":
@@ -308,6 +378,8 @@ class Quotient:
         q = cls.assemble(dict(model.named_parameters()), smap, metric, explicit + found)
         if report is not None:
             q.refused += [(k, t, d) for k, t, s, d in report.entries if s == "refused"] + overlap
+        if report is not None:
+            report.joint = q.joint
         q._report = report
         return q
 

@@ -95,7 +95,7 @@ def test_symmetries_lists_the_declared_and_the_built_in_ones(lora_dir, capsys, t
     assert main(["symmetries", str(lora_dir / "adapter"), "--spec", str(lora_dir / "kernels" / "lora_hybrid.py"),
                  "--json", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "LoRA GL(r): 2 bound, 2 refused" in printed  # the MLP adapters; the query adapters belong to Q/K
+    assert "LoRA GL(r): 4 bound, 0 refused" in printed  # the MLP adapters, and the query ones jointly with Q/K
     assert "softmax translation: 1 bound" in printed
     d = json.loads(out.read_text())
     assert len(d["declared"]) == 4 and len(d["groups"]) == 4

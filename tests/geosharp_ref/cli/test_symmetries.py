@@ -25,7 +25,13 @@ def test_symmetries_lists_bound_pairs_and_gated_units(tmp_path, capsys):
     assert "bound   lm_head.weight:translation" in text  # the softmax over the vocabulary, per token
     assert "gated-MLP units: 2 bound, 0 refused" in text  # SwiGLU: up rows × a, down columns ÷ a
     assert "ReLU units" not in text  # the MLPs are gated: no "no MLP of a recognised layout" line
-    assert {e["kind"] for e in doc["further"]} == {"gated-MLP units", "softmax translation", "norm scaling"}
+    assert {e["kind"] for e in doc["further"]} == {"gated-MLP units", "softmax translation", "norm scaling",
+                                                   "norm weights"}
+    # the norms' weights are quotiented jointly with the symmetries of their readers, and listed as joint groups
+    joint = {j["key"]: j["keys"] for j in doc["joint"]}
+    assert len(joint) == 5 and "joint groups: 5 symmetries" in text
+    assert any(k.endswith(":qk") for k in joint["model.layers.0.input_layernorm:norm-weights"])
+    assert joint["model.norm:norm-weights"] == ["lm_head.weight:translation"]
 
 
 def test_symmetries_of_a_relu_bert_binds_units_head_and_embedding_scaling(tmp_path, capsys):

@@ -57,16 +57,18 @@ def test_what_does_not_apply_is_refused_with_a_reason():
     assert "eps = 1e-12" in scaling and "changed the output by" in scaling
 
 
-def test_lora_adapters_on_attention_projections_are_left_to_the_pairs():
+def test_lora_adapters_on_attention_projections_are_quotiented_jointly_with_the_pairs():
     pytest.importorskip("peft")
     torch.manual_seed(0)
     model = cases.lora(cases.bert(initializer_range=cases.IR), targets=("query", "output.dense"))
     report = find_symmetries(model.to(torch.float64).eval(), _batch())
     lora = [(k, s, d) for k, kind, s, d in report.entries if kind == "LoRA GL(r)"]
-    # query (B in the Q/K pair) and attention.output.dense (A in the V/O pair) yield to the pairs; the MLP
-    # output adapters are bound
-    assert sorted(s for _, s, _ in lora) == ["bound", "bound", "refused", "refused", "refused", "refused"]
-    assert all("a parameter belongs to one symmetry" in d for _, s, d in lora if s == "refused")
+    # query (B in the Q/K pair) and attention.output.dense (A in the V/O pair) are bound jointly with the pairs
+    # (LoRA GL(r) × GL(h), issue 26); the MLP output adapters on their own; nothing is refused
+    assert sorted(s for _, s, _ in lora) == ["bound"] * 6
+    joint = [(k, d) for k, _, d in lora if "jointly with" in d]
+    assert len(joint) == 4 and all(k.endswith(("query:lora", "attention.output.dense:lora")) for k, _ in joint)
+    assert {k for k, _ in report.joint} == {k for k, _ in joint}
 
 
 @settings(deadline=None, max_examples=4)
@@ -215,12 +217,15 @@ def test_attention_pairs_yield_to_an_explicit_lora_binding(lora_bert):
     lora_names = {n for n in names if ".lora_A." in n or ".lora_B." in n}
     assert set(q.bound) == lora_names
     assert q.adaptive_masks == {n: None for n in names if n not in lora_names}
-    # without the explicit adapters the pairs hold them: "all" then refuses the adapters on query and value
+    # without the explicit adapters "all" keeps the pairs and binds the adapters jointly with them (issue 26):
+    # each adapter binds its lora_A (the factor no pair holds), nothing is refused and nothing yields
     q_all = Quotient.resolve(model, batch, metric="mix", symmetries="all")
     assert sorted(g.key for g in q_all.pairs) == sorted(expected)
-    refused = {k: why for k, kind, why in q_all.refused if kind == "LoRA GL(r)"}
-    assert set(refused) == set(expected.values())
-    assert all(why.startswith("its parameters belong to ") and ONE in why for why in refused.values())
+    assert not [k for k, kind, _ in q_all.refused if kind == "LoRA GL(r)"] and q_all.yielded == []
+    joint = {b.key: b for b in q_all.bindings if getattr(b, "joint_pairs", None)}
+    assert set(joint) == set(expected.values())
+    assert all(b.param_names == (b.a_weight,) for b in joint.values())
+    assert {lora: pair for pair, lora in expected.items()} == {k: b.joint_pairs[0] for k, b in joint.items()}
 
 
 def test_all_skips_built_ins_that_share_a_parameter_with_an_explicit_symmetry(relu_bert):

@@ -69,3 +69,79 @@ def test_gradient_norm_without_pairs_is_the_adaptive_one_and_model_with_params_c
     assert not moved.training and model.training
     for k, p in moved.named_parameters():
         assert torch.equal(p, 2 * params[k].detach()) and not torch.equal(p, params[k].detach())
+
+
+def _llama_case():
+    """A tiny float64 Llama (float32 initialisation: θ is float32-exact) with RoPE Q/K, V/O and gated units, and a
+    causal-LM batch."""
+    torch.manual_seed(0)
+    model = cases.models.llama(initializer_range=0.5).double().eval()
+    ids = torch.randint(3, 50, (3, 7), generator=torch.Generator().manual_seed(1))
+    return model, ({"input_ids": ids}, torch.cat([ids[:, 1:], torch.full((3, 1), -100)], 1))
+
+
+@pytest.mark.parametrize("float32_exact", [True, False])
+def test_parameters_moved_to_releases_the_float64_theta_it_replaces(float32_exact):
+    """Within ``parameters_moved_to`` the model holds the moved tensors and θ's float64 storage of every replaced
+    parameter is released (θ kept as float32 where that is exact; a float64 θ that float32 cannot hold is kept as
+    it is); on exit the model and the dict hold θ again, bit for bit, and the unreplaced tensors were never copied."""
+    import gc
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from geosharp_ref.verification.orbits import parameters_moved_to
+    model, _ = _llama_case()
+    if not float32_exact:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1e-12 * torch.randn_like(p))
+    theta = {n: p.detach() for n, p in model.named_parameters()}
+    before = {n: t.clone() for n, t in theta.items()}
+    names = list(theta)
+    moved = {n: (3 * t if i % 2 else t) for i, (n, t) in enumerate(theta.items())}
+    replaced = [n for i, n in enumerate(names) if i % 2]
+    storage = {n: StorageWeakRef(theta[n].untyped_storage()) for n in names}
+    with parameters_moved_to(model, theta, moved):
+        gc.collect()
+        for n, p in model.named_parameters():
+            assert p.data_ptr() == moved[n].data_ptr()
+        assert all(storage[n].expired() == float32_exact for n in replaced)  # float64 θ released only if exact
+        assert not any(storage[n].expired() for n in names if n not in replaced)  # shared, not copied
+        assert all(theta[n].dtype == (torch.float32 if float32_exact else DT) for n in replaced)
+    for n, p in model.named_parameters():
+        assert p.dtype == DT and torch.equal(p, before[n]) and p.data_ptr() == theta[n].data_ptr()
+
+
+def test_orbit_invariance_measures_moved_points_without_the_float64_theta_they_replace(monkeypatch):
+    """On a tiny Llama with every symmetry, each moved point is measured while θ's float64 tensors of the moved
+    parameters are released (the old swap kept them alive beside the moved ones); the table is unchanged by it
+    (the same moved points and values as measuring a deep copy of the model at each point), and the model holds θ
+    bit for bit after."""
+    import gc
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from geosharp_ref.symmetry import find_symmetries
+    from geosharp_ref.verification import orbits
+    model, batch = _llama_case()
+    smap = symmetry_map(model)
+    bindings = find_symmetries(model, batch, metric="mix", seed=0).bindings
+    theta = {n: p.detach().clone() for n, p in model.named_parameters()}
+    storage = {n: StorageWeakRef(p.untyped_storage()) for n, p in model.named_parameters()}
+    released, points, real = [], [], orbits.orbit_quantities
+
+    def recording(m, *args, **kw):
+        gc.collect()
+        moved = [n for n, p in m.named_parameters() if not torch.equal(p, theta[n])]
+        if moved:
+            released.append(all(storage[n].expired() for n in moved))
+            points.append({n: p.detach().clone() for n, p in m.named_parameters()})
+        return real(m, *args, **kw)
+    monkeypatch.setattr(orbits, "orbit_quantities", recording)
+    report = orbits.orbit_invariance(model, smap, batch, 0.05, scales=(0.1, 10.0), iters=2, seed=0,
+                                     symmetries=bindings)
+    assert released == [True, True]
+    assert report["failed"] == [] and report["worst"]["adaptive"] > INVARIANCE_TOL
+    for n, p in model.named_parameters():
+        assert torch.equal(p, theta[n])
+    base = real(model, smap, batch, 0.05, 2, 0, bindings)
+    for (a, rel), point in zip(report["rows"], points):  # the moved point measured on a deep copy
+        vals = real(model_with_params(model, point), smap, batch, 0.05, 2, 0, bindings)
+        for c in QUANTITIES:
+            assert rel[c] == relative_change(base[c], vals[c])
