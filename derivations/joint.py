@@ -424,6 +424,18 @@ def _joint_evaluators(joint, sizes, rng, ctx, n_tangents=6):
     return out
 
 
+def vertical_context(joint) -> list:
+    """Per part i of ``joint``: (v_i, D_ξ v_i, D_η v_i), its vertical vectors and their directional derivatives
+    along the symbolic tangents ξ, η (what the exact Lie-derivative evaluations of a candidate metric need)."""
+    xi, eta = joint.tangent("xi"), joint.tangent("eta")
+    ctx = []
+    for i in range(len(joint.parts)):
+        v = joint.vertical(i)
+        ctx.append((v, tuple(directional_derivative(e, dict(zip(joint.blocks, xi))) for e in v),
+                    tuple(directional_derivative(e, dict(zip(joint.blocks, eta))) for e in v)))
+    return ctx
+
+
 def joint_invariant_metrics(joint: JointSymmetry, sizes: dict, degree: int = 1, seed: int = 0) -> JointFamily:
     """Invariant, symmetric, bilinear metrics of ``joint`` in the two-sided ansatz (module docstring), solved
     exactly at the concrete ``sizes`` {dimension name: int} (the diagonal algebra's d included), each proved
@@ -431,12 +443,7 @@ def joint_invariant_metrics(joint: JointSymmetry, sizes: dict, degree: int = 1, 
     sizes = {s: sizes[s.name] for b in joint.blocks for s in b.free_symbols | set().union(
         *[sp.sympify(d).free_symbols for d in b.shape]) if getattr(s, "name", None) in sizes}
     cands = _joint_candidates(joint, degree)
-    xi, eta = joint.tangent("xi"), joint.tangent("eta")
-    ctx = []
-    for i in range(len(joint.parts)):
-        v = joint.vertical(i)
-        ctx.append((v, tuple(directional_derivative(e, dict(zip(joint.blocks, xi))) for e in v),
-                    tuple(directional_derivative(e, dict(zip(joint.blocks, eta))) for e in v)))
+    ctx = vertical_context(joint)
     rng = random.Random(seed)
     # drop candidates undefined at the sizes (inverse of a rank-deficient Gram)
     probe = _joint_evaluators(joint, sizes, random.Random(seed + 1), ctx, n_tangents=1)[0][0]

@@ -27,9 +27,9 @@ from sympy import Identity, Inverse, Trace
 from .invariant import Ansatz, _matrix_candidates, solve_invariant_span
 from .invariant_proofs import pd_text, tidy
 from .joint import (JointFamily, JointInvariantMetric, JointMetric, JointSymmetry, _joint_evaluators, _symmetric,
-                    joint_definiteness, prove_joint_invariance)
+                    joint_definiteness, prove_joint_invariance, vertical_context)
 from .joint_folded import _structure, fold, fold_tangent
-from .matrix_calculus import canonicalize, directional_derivative, is_zero
+from .matrix_calculus import canonicalize, is_zero
 
 __all__ = ["folded_candidates", "folded_invariant_metrics"]
 
@@ -78,11 +78,7 @@ def folded_invariant_metrics(joint: JointSymmetry, sizes: dict, ansatz: Ansatz |
              if s.name in sizes}
     cands = folded_candidates(joint, ansatz)
     xi, eta = joint.tangent("xi"), joint.tangent("eta")
-    ctx = []
-    for i in range(len(joint.parts)):
-        v = joint.vertical(i)
-        ctx.append((v, tuple(directional_derivative(e, dict(zip(joint.blocks, xi))) for e in v),
-                    tuple(directional_derivative(e, dict(zip(joint.blocks, eta))) for e in v)))
+    ctx = vertical_context(joint)
     rng = random.Random(seed)
     n_all = len(cands)
     cands, dense, _ = solve_invariant_span(cands, lambda p: _joint_evaluators(joint, sizes, rng, ctx))

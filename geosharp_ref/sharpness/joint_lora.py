@@ -22,24 +22,20 @@ share of the effective weight, s·Aᵀ(B^i)ᵀ or s·B A[:, cols_i]). Per pair a
     mix:  g = tr(S_H ξ_Gᵀ D_G η_G)   + tr(S_G ξ_Hᵀ D_H η_H)   + g_L
     g_L = tr((AAᵀ)⁻¹ ξ_A η_Aᵀ)  (into)      g_L = tr((BᵀB)⁻¹ ξ_Bᵀ η_B)  (out)
 
-The motion of Y does not enter the pair terms (D weights ξ_G's own rows; cf. the norm × Q/K metric of
-docs/MATH.md). Invariance: under GL(h) D is fixed and S_X ↦ MᵀS_X M, ξ_X ↦ ξ_X M (the inv/mix proof);
-under GL(r) (into) ρ ↦ Rᵀρ, ξ_ρ ↦ Rᵀξ_ρ and Ω ↦ R⁻¹ΩR⁻ᵀ, so ρᵀΩρ, ξ_ρᵀΩη_ρ and with them S_X and
-ξ_XᵀDη_X are unchanged, while (AAᵀ)⁻¹ ↦ Rᵀ(AAᵀ)⁻¹R, ξ_A ↦ R⁻¹ξ_A leave g_L unchanged (out: the same
-with R⁻¹ and BᵀB ↦ RᵀBᵀBR). Positive definite when every X̂ has full column rank and Y full column rank.
-eps > 0 relaxes every Gram: S_X + εI in the metric, Ω = s²(YᵀY + εI), (YᵀY + εI) in g_L (not invariant).
-As a matrix, g(ξ, η) = ⟨ξ, 𝕄 η⟩_F with 𝕄 block diagonal: inv 𝕄_G η = D_G η S_G⁻¹, mix 𝕄_G η = D_G η S_H.
+The motion of Y does not enter the pair terms (D weights ξ's own rows). Invariance: under GL(h) D is fixed,
+S_X ↦ MᵀS_X M, ξ_X ↦ ξ_X M; under GL(r) ρᵀΩρ, ξ_ρᵀΩη_ρ (so S_X, ξ_XᵀDη_X) and g_L are unchanged (the proof:
+docs/guides/joint-quotients.md). PD when every X̂ and Y have full column rank; eps > 0 relaxes every Gram (not
+invariant). As a matrix g(ξ, η) = ⟨ξ, 𝕄 η⟩_F, 𝕄 block diagonal: inv 𝕄_G η = D_G η S_G⁻¹, mix 𝕄_G η = D_G η S_H.
 
 **Horizontal projection** P ξ = ξ − v(X, Λ): the normal equations v*𝕄v (X, Λ) = v*(𝕄ξ) in the joint algebra
-(v* the Frobenius adjoint), solved directly by block elimination: per head a Sylvester equation P Λ + Λ Q = C
-(P, Q products of two SPD matrices, solved in the eigenbasis), the adapters through the Σ r² × Σ r² Schur
-complement (assembled once per base point, SPD when v is injective; LU). Residuals: docs/guides/joint-quotients.md.
+(v* the Frobenius adjoint), by block elimination: per head a Sylvester equation P Λ + Λ Q = C (eigenbasis; a
+rotary Q/K pair: the d×d system on its RoPE commutant's basis, ``codegen.runtime_subgroup``), the adapters
+through the Σ r² × Σ r² Schur complement (once per base point; LU).
 
 **Second-order geodesic** E(ξ) = θ + ξ + ½γ̈(0), γ̈ = −Γ(ξ, ξ) = −𝕄⁻¹[(D_ξ𝕄)ξ − ½∇_θ⟨ξ, 𝕄(θ)ξ⟩] (the
 Euler–Lagrange equation of ½⟨γ̇, 𝕄(γ)γ̇⟩) written out in :mod:`.joint_lora_geodesic` (tested against
-``torch.func`` of the metric), 𝕄⁻¹ in closed form (inv D⁻¹ w S_G, mix D⁻¹ w S_H⁻¹); d = P 𝕄⁻¹ (∂E/∂ξ)ᵀ ū by vjp.
-Tangent slice ``[ξ_G¹, ξ_H¹, …, ξ_G^K, ξ_H^K, ξ_L¹, …]``: the pairs' blocks, then per adapter its factor outside the
-pairs (A into, B out). :func:`joint_lora_factors` builds the factors from a model's pairs and adapters.
+``torch.func``), 𝕄⁻¹ in closed form; d = P 𝕄⁻¹ (∂E/∂ξ)ᵀ ū by vjp. Tangent slice: the pairs' blocks, then each
+adapter's factor outside the pairs (A into, B out). :func:`joint_lora_factors` builds the factors.
 """
 from __future__ import annotations
 
@@ -48,11 +44,13 @@ from dataclasses import dataclass
 
 import torch
 
+from codegen.runtime_subgroup import rope_basis, solve_subalgebra, subalgebra_system
+
 from ..apgd import combine
 from ..symmetry import LoRABinding, lora_bindings
 from .exact_geodesic import GeodesicPart
 from .factors import check_rank
-from .joint_lora_geodesic import joint_lora_acceleration
+from .joint_lora_geodesic import joint_lora_acceleration, spd_product_eig
 from .space import SpaceOptions, frobenius
 
 __all__ = ["JointLoRAFactor", "JointLoRAFactorAt", "joint_lora_factors", "lora_scaling"]
@@ -63,7 +61,8 @@ class JointLoRAFactor:
     """LoRA adapters (``lora``: a :class:`~geosharp_ref.symmetry.LoRABinding` or a sequence of them, with
     ``scaling`` s per adapter) and the GL(h) pair groups (``pairs``: :class:`~geosharp_ref.symmetry.PairGroup`)
     that hold their B rows (adapter on a projection into the heads) or A columns (out of the heads), under the
-    joint metric ``metric`` ("inv" or "mix", see the module doc) with Gram relaxation ``eps``."""
+    joint metric ``metric`` ("inv" or "mix", see the module doc) with Gram relaxation ``eps``. A rotary Q/K pair
+    (``rotary`` set: the RoPE subgroup) contributes its subalgebra instead of gl(h)."""
 
     lora: object
     pairs: tuple
@@ -82,9 +81,6 @@ class JointLoRAFactor:
             raise ValueError(f"unknown metric {self.metric!r}: the joint LoRA factor has 'inv' and 'mix'")
         if any(s == 0 or not math.isfinite(s) for s in scal):
             raise ValueError(f"LoRA scalings must be finite and non-zero, got {scal}")
-        if any(getattr(p, "rotary", None) is not None for p in self.pairs):
-            raise ValueError("a rotary Q/K pair (RoPE subgroup) is not supported by the joint LoRA factor; quotient "
-                             "the adapter and the pair separately")
         for name, value in (("lora", loras), ("pairs", tuple(self.pairs)), ("scaling", scal)):
             object.__setattr__(self, name, value)
 
@@ -287,13 +283,19 @@ class JointLoRAFactorAt:
         return self.vertical_adjoint(self.metric_apply(self.point, self.vertical(Xs, Lams)))
 
     def _prepare_solver(self):
-        """Per pair the eigenbases of the Sylvester form of N_ΛΛ, then the Schur complement on ⊕ gl(r)."""
+        """Per pair the eigenbases of N_ΛΛ's Sylvester form (or its commutant system), then the Schur complement."""
         eig = []
         for k in range(len(self.pairs)):
             TG, TH, SG, SH = self._grams(self.point, k)
             # inv: (T_H S_G) Λ + Λ (S_H T_G) = T_H C T_G;  mix: (T_G⁻¹ S_G) Λ + Λ (S_H T_H⁻¹) = T_G⁻¹ C T_H⁻¹
             l, r = (TH, TG) if self.factor.metric == "inv" else (torch.linalg.inv(TG), torch.linalg.inv(TH))
-            eig.append((_spd_product_eig(l, SG), _spd_product_eig(SH, r), (l, r)))
+            rotary = getattr(self.pairs[k], "rotary", None)
+            if rotary is not None:  # N_ΛΛ Λ = S_G Λ r⁻¹ + l⁻¹ Λ S_H restricted to the RoPE commutant (a d×d system)
+                basis = rope_basis(SG.shape[-1], rotary[0], rotary[1])
+                Ls, Ks = (SG, torch.linalg.inv(l)), (torch.linalg.inv(r), SH)
+                eig.append(("subalgebra", basis, (Ls, Ks, torch.linalg.inv(subalgebra_system(Ls, Ks, basis)))))
+                continue
+            eig.append((spd_product_eig(l, SG), spd_product_eig(SH, r), (l, r)))
         self._eig = eig
         Xs, Lams = self._zeros_algebra()
         m, red = sum(r * r for r in self.ranks), self._adapter_rows_only()
@@ -331,7 +333,12 @@ class JointLoRAFactorAt:
     def _solve_pairs(self, Cs):
         """N_ΛΛ⁻¹: per pair and head the Sylvester equation P Λ + Λ Q = (preconditioned) C."""
         out = []
-        for C, ((VP, aP, VPi), (VQ, aQ, VQi), (l, r)) in zip(Cs, self._eig):
+        for C, (first, second, third) in zip(Cs, self._eig):
+            if isinstance(first, str):  # a rotary pair: the Galerkin system on the commutant's basis
+                Ls, Ks, M_inv = third
+                out.append(solve_subalgebra(Ls, Ks, C, second, M_inv))
+                continue
+            (VP, aP, VPi), (VQ, aQ, VQi), (l, r) = first, second, third
             rhs = VPi @ (l @ C @ r) @ VQ
             out.append(VP @ (rhs / (aP[..., :, None] + aQ[..., None, :])) @ VQi)
         return out
@@ -450,16 +457,6 @@ class JointLoRAFactorAt:
 
     def scale(self, xi, state, s):
         return [x * (s.to(x.dtype) if torch.is_tensor(s) else s) for x in xi], None
-
-
-def _spd_product_eig(P1, P2):
-    """P1 P2 = V diag(a) V⁻¹ for SPD P1, P2 (batched): P1 = L Lᵀ, Lᵀ P2 L = U diag(a) Uᵀ, V = L U,
-    V⁻¹ = Uᵀ L⁻¹; the eigenvalues a are positive. Returns (V, a, V⁻¹)."""
-    L = torch.linalg.cholesky(0.5 * (P1 + P1.mT))
-    a, U = torch.linalg.eigh(L.mT @ P2 @ L)
-    Linv = torch.linalg.solve_triangular(L, torch.eye(L.shape[-1], dtype=L.dtype, device=L.device).expand_as(L),
-                                         upper=False)
-    return L @ U, a, U.mT @ Linv
 
 
 def lora_scaling(model, lora: LoRABinding) -> float:

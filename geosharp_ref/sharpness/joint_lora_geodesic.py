@@ -1,4 +1,5 @@
-r"""The geodesic acceleration of the joint LoRA × attention metric in closed form (:mod:`.joint_lora`).
+r"""The geodesic acceleration of the joint LoRA × attention metric in closed form (:mod:`.joint_lora`), and
+:func:`spd_product_eig` (the eigendecomposition of a product of two SPD matrices its Sylvester solve uses).
 
 The metric (notation of :mod:`~geosharp_ref.sharpness.joint_lora`): per pair side X (heads, n, h) with row
 weights D_X (Ω_a = s_a²(Y_aᵀY_a + εI) on the rows ρ of adapter a, identity elsewhere), T_X = XᵀD_X X + εI,
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["joint_lora_acceleration"]
+__all__ = ["joint_lora_acceleration", "spd_product_eig"]
 
 
 def _on_rows(fa, b, X, mats, plain: bool):
@@ -92,3 +93,13 @@ def joint_lora_acceleration(fa, p, xi) -> list:
             rhs = s2 * L @ Phi[a] - _solve_right(C, _solve_right(C, L) @ (x.mT @ x)) + _solve_right(C, xC @ Cd)
             out.append(rhs @ C)
     return out
+
+
+def spd_product_eig(P1, P2):
+    """P1 P2 = V diag(a) V⁻¹ for SPD P1, P2 (batched): P1 = L Lᵀ, Lᵀ P2 L = U diag(a) Uᵀ, V = L U,
+    V⁻¹ = Uᵀ L⁻¹; the eigenvalues a are positive. Returns (V, a, V⁻¹)."""
+    L = torch.linalg.cholesky(0.5 * (P1 + P1.mT))
+    a, U = torch.linalg.eigh(L.mT @ P2 @ L)
+    Linv = torch.linalg.solve_triangular(L, torch.eye(L.shape[-1], dtype=L.dtype, device=L.device).expand_as(L),
+                                         upper=False)
+    return L @ U, a, U.mT @ Linv

@@ -13,8 +13,14 @@ and applies that rule with its precedence:
    :attr:`Quotient.yielded` says so), and every pair detected takes precedence over the built-ins;
 3. the **built-ins** (``"all"``), searched in this order — LoRA adapters (:mod:`.adapters`), ReLU units
    (:mod:`.units`), gated-MLP units (:mod:`.gated`), the classifier head's softmax translation (:mod:`.heads`),
-   norm scaling (:mod:`.norms`) — each bound only after its exactness check passed on the batch and only where no pair
-   or earlier built-in holds a parameter; then dropped where they share a parameter with an explicit one.
+   norm weights (:mod:`.norm_weights`), norm scaling (:mod:`.norms`) — each bound only after its exactness check
+   passed on the batch and only where no pair or earlier built-in holds a parameter; then dropped where they share a
+   parameter with an explicit one. Where built-ins overlap they are quotiented **jointly** instead (issue 26): a
+   LoRA adapter whose rows attention pairs hold binds its other factor and names the pairs (``joint_pairs``; one
+   :class:`~geosharp_ref.sharpness.joint_lora.JointLoRAFactor` per connected set), a norm's weights and a stream
+   scaling whose writers others hold bind what no other symmetry holds and **fold** into the rest
+   (:meth:`Quotient.folded`: every pair and binding reading a bound norm sees W Γ). :attr:`Quotient.joint` lists
+   these groups; nothing yields.
 
 Everything else is adaptive (:attr:`Quotient.adaptive_masks`). :func:`find_symmetries` is the built-in
 search as a report (``geosharp symmetries`` prints it).
@@ -198,12 +204,6 @@ def _checked_builtins(model, batch, metric: str, smap, seed: int, params64) -> S
             clash = _clash(taken, b)
             held = [groups[k] for k in clash if k in groups]
             if clash and len(held) == len(clash):  # held by attention pairs only: quotiented jointly with them
-                if any(getattr(g, "rotary", None) is not None for g in held):
-                    report.entries.append((b.key, adapters.KIND, "refused", f"its parameters belong to "
-                                           f"{', '.join(clash)} ({ONE_SYMMETRY}); LoRA GL(r) is quotiented jointly "
-                                           f"with GL(h) pairs, not with the RoPE subgroup"))
-                    bar.update(1)
-                    continue
                 b = adapters.joint_with_pairs(b, held)
             consider(b, adapters.KIND)
             bar.update(1)

@@ -369,6 +369,11 @@ def test_factors_group_adapters_that_share_a_pair_and_refuse_bad_input(qkvo):
         JointLoRAFactor(factors[0].lora[0], (vo,)).at(params)  # the query adapter is not held by V/O
     with pytest.raises(ValueError, match="metric"):
         JointLoRAFactor(factors[0].lora, (qk,), "frobenius")
-    with pytest.raises(ValueError, match="rotary"):  # the RoPE subgroup is not GL(h): refused
-        JointLoRAFactor(factors[0].lora, (dataclasses.replace(qk, rotary=("half", 8)),))
+    # a rotary pair (the RoPE subgroup) solves in its commutant: fewer vertical directions, a larger horizontal part
+    xi = [torch.randn(x.shape, generator=torch.Generator().manual_seed(4), dtype=DT) for x in factors[0].at(params).point]
+    full = factors[0].at(params).project(xi)
+    sub = JointLoRAFactor(factors[0].lora, (dataclasses.replace(qk, rotary=("half", 8)),), "inv",
+                          scaling=factors[0].scaling).at(params).project(xi)
+    gap = max(float((a - b).abs().max()) for a, b in zip(full, sub))
+    assert gap > 1e-6 * max(float(x.abs().max()) for x in xi)
     assert set(factors[0].param_names) >= set(qk.param_names) | set(factors[0].lora[0].param_names)

@@ -156,6 +156,20 @@ def _moved(M, q, log10_a, seed, kinds=None):
     return model_with_params(M.model, params)
 
 
+def assert_invariant_along_every_orbit(M, batch, q, metric, seed=3, n_iter=N_ITER):
+    """Geodesic sharpness (``symmetries="all"``) unchanged to 1e-8 when the model moves along every orbit of ``q``
+    at once with elements of scale 1e-2 and 1e2; adaptive sharpness changes (shared by the joint-quotient tests)."""
+    kw = dict(metric=metric, n_iter=n_iter, loss_fn=M.loss_fn, symmetries="all")
+    s0 = geodesic_sharpness(M.model, [batch], RHO, **kw).mean
+    a0 = adaptive_sharpness(M.model, [batch], RHO, n_iter=n_iter, loss_fn=M.loss_fn).mean
+    for log10_a in (-2.0, 2.0):
+        m1 = _moved(M, q, log10_a, seed)
+        s1 = geodesic_sharpness(m1, [batch], RHO, **kw).mean
+        assert abs(s1 - s0) <= TOL * abs(s0), (metric, log10_a, s0, s1)
+        a1 = adaptive_sharpness(m1, [batch], RHO, n_iter=n_iter, loss_fn=M.loss_fn).mean
+        assert abs(a1 - a0) > 1e-4 * abs(a0)
+
+
 CASES_ALL = [("sharpness", "gpt2"), ("sharpness", "vit"), ("decoder", "llama"), ("decoder", "phi3"),
              ("decoder", "gemma")]
 
