@@ -52,3 +52,26 @@ def test_verify_moves_along_every_orbit_at_once_and_evaluate_records_the_joint_g
     cfg = json.loads(out.read_text())["config"]
     assert cfg["yielded"] == [] and len(cfg["joint"]) == 5
     assert "5 joint groups (norm weights" in line
+
+
+def test_curvature_refuses_the_joint_lora_factor_in_one_line(tmp_path, capsys):
+    """The Riemannian Hessian needs generated-kernel factors; LoRA × attention is a generic joint factor: one error
+    line, exit 2, before any Hessian-vector product."""
+    pytest.importorskip("peft")
+    torch.manual_seed(0)
+    base = cases.bert(initializer_range=cases.IR, attn_implementation=None)
+    base.save_pretrained(tmp_path / "base")
+    model = cases.lora(base, targets=("query",))
+    model.save_pretrained(tmp_path / "adapter")
+    cfg_path = tmp_path / "adapter" / "adapter_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["base_model_name_or_path"] = str(tmp_path / "base")
+    cfg_path.write_text(json.dumps(cfg))
+    gen = torch.Generator().manual_seed(1)
+    torch.save({"inputs": {"input_ids": torch.randint(3, 50, (8, 7), generator=gen)},
+                "targets": torch.randint(3, (8,), generator=gen)}, tmp_path / "data.pt")
+    capsys.readouterr()
+    assert main(["curvature", str(tmp_path / "adapter"), "--data", str(tmp_path / "data.pt"), "--all-symmetries",
+                 "--probes", "2", "--top-k", "1", "--lanczos-steps", "3", "--no-euclidean"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("geosharp: error:")]
+    assert len(err) == 1 and "JointLoRAFactor (LoRA × attention)" in err[0]
