@@ -39,8 +39,9 @@ def test_symmetries_lists_the_norms_joint_groups(tmp_path, capsys, name, norms):
     assert attn and all(sorted(k.rsplit(":", 1)[1] for k in j["keys"]) == ["qk", "vo"] for j in attn)
 
 
-def test_verify_moves_along_every_orbit_at_once_and_evaluate_records_the_joint_groups(tmp_path, capsys):
-    model_dir, data = _saved(tmp_path, "llama")
+@pytest.mark.parametrize("name,norms", [("llama", 5), ("gpt2", 4)])
+def test_verify_moves_along_every_orbit_at_once_and_evaluate_records_the_joint_groups(tmp_path, capsys, name, norms):
+    model_dir, data = _saved(tmp_path, name)
     capsys.readouterr()
     assert main(["verify", model_dir, "--data", data, "--all-symmetries", "--iters", "3", "--scales", "0.01,100"]) == 0
     text = capsys.readouterr().out
@@ -50,8 +51,8 @@ def test_verify_moves_along_every_orbit_at_once_and_evaluate_records_the_joint_g
                  "--batch-size", "4", "--iters", "2", "--json", str(out)]) == 0
     line = capsys.readouterr().out
     cfg = json.loads(out.read_text())["config"]
-    assert cfg["yielded"] == [] and len(cfg["joint"]) == 5
-    assert "5 joint groups (norm weights" in line
+    assert cfg["yielded"] == [] and len(cfg["joint"]) == norms
+    assert f"{norms} joint groups (norm weights" in line
 
 
 def test_curvature_refuses_the_joint_lora_factor_in_one_line(tmp_path, capsys):
