@@ -88,14 +88,7 @@ def run(args) -> int:
     if args.average_case and args.samples < 2:
         raise ValueError(f"--samples must be at least 2 (for a standard error), got {args.samples}")
     device = resolve_device(args)
-    check_model_dir(args.model_dir)
-    inputs, targets, n = load_data(args.data)
-    n_batches = args.batches if args.batches is not None else max(1, n // args.batch_size)
-    batches = split_batches(inputs, targets, n_batches, args.batch_size, f"data file {args.data!r}")
-    for i, b in enumerate(batches):  # before the model is loaded: e.g. a batch with no scored token
-        check_finite_batch(b, i)
-    model, probe = load_model_with_head(args.model_dir, args.num_labels, (inputs, targets, n), args.seed)
-    model = model.to(device)  # the library computes on the model's device (batches follow it)
+    model, probe, batches, n_batches, n = _load(args, device)  # the library computes on the model's device
 
     name = type(model).__name__
     print(f"{args.metric} sharpness of {name} ({args.model_dir})")

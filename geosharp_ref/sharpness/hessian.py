@@ -312,12 +312,13 @@ class QuotientHessian(_FlatOperator):
         norm's fold (:func:`~geosharp_ref.symmetry.norm_weights.fold_binding`: W = Ŵ Γ⁻¹) a direction maps to
         d Γ and a covector to d Γ⁻¹, so the adjoint is taken by ``torch.func.vjp`` of the linear ``insert``."""
         full = {**self.space.base, **d}
-        parts = []
+        parts, base = [], None
         for b in self.blocks:
             binding = b.factor.binding
             if covector and getattr(binding, "norm_folds", ()):
                 zero = tuple(torch.zeros_like(x) for x in b.at.point)
-                base = {**self.space.base, **{n: torch.zeros_like(self.space.base[n]) for n in self.names}}
+                if base is None:  # θ with the perturbed parameters zeroed, once per call
+                    base = {**self.space.base, **{n: torch.zeros_like(self.space.base[n]) for n in self.names}}
                 _, pull = torch.func.vjp(lambda *x, base=base, at=b.at: tuple(
                     at.insert(base, list(x))[n] for n in binding.param_names), *zero)
                 parts.append(list(pull(tuple(full[n] for n in binding.param_names))))
