@@ -57,11 +57,19 @@ class Space(Protocol):
     * ``inner(xi, eta)`` — g(ξ, η), a 0-d tensor (may stay on the device).
     * ``project(xi, rho)`` — P_ℋ then radially into B_ρ: ξ ↦ s P_ℋ ξ, s = min(1, ρ/‖P_ℋ ξ‖_g) (exact
       projection onto B_ρ because P_ℋ is g-orthogonal and the ball is a g-ball).
-    * ``ascent_step(xi, grad) -> (d, g(d, d), g(ξ, d))`` — the ascent direction d ∈ ℋ at ξ for the gradient
-      ``grad`` that the space's ``f_and_grad`` returned at ξ (for a Riemannian metric d = P_ℋ 𝔾⁻¹ ∂f/∂ξ,
-      and then g(ξ, d) = ⟨ξ, ∂f/∂ξ⟩_F, g(d, d) = ⟨d, ∂f/∂ξ⟩_F: element-wise pairings), with the two
-      pairings Auto-PGD needs for ‖x + t d‖² (any inner product: the space computes them as it can).
-    * ``lincomb(terms)`` — Σ cᵢ ξᵢ for ``terms`` = [(cᵢ, ξᵢ)], cᵢ numbers or 0-d tensors.
+    * ``ascent_step(xi, grad, consume=False) -> (d, g(d, d), g(ξ, d))`` — the ascent direction d ∈ ℋ at ξ for
+      the gradient ``grad`` that the space's ``f_and_grad`` returned at ξ (for a Riemannian metric
+      d = P_ℋ 𝔾⁻¹ ∂f/∂ξ, and then g(ξ, d) = ⟨ξ, ∂f/∂ξ⟩_F, g(d, d) = ⟨d, ∂f/∂ξ⟩_F: element-wise pairings), with
+      the two pairings Auto-PGD needs for ‖x + t d‖² (any inner product: the space computes them as it can).
+      ``consume=True``: ``grad`` is not used afterwards, and the space may release its tensors as d is formed.
+    * ``lincomb(terms, consume=None)`` — Σ cᵢ ξᵢ for ``terms`` = [(cᵢ, ξᵢ)], cᵢ numbers or 0-d tensors;
+      ``consume``: one of the ξᵢ that is not used afterwards (the space may release its tensors as the sum is
+      formed).
+
+    Ownership: Auto-PGD passes ``consume`` for the gradient once the ascent direction is formed from it and for
+    the direction once the next iterate is, so a space that releases them holds the direction in place of the
+    gradient and the new iterate in place of the direction (a parameter-sized vector fewer at a time); a
+    space may also ignore ``consume`` (the values are the same).
     * ``scale(xi, s)`` — s ξ (s a number or a 0-d tensor).
     """
 
@@ -73,9 +81,9 @@ class Space(Protocol):
 
     def project(self, xi: list, rho: float) -> list: ...
 
-    def ascent_step(self, xi: list, grad) -> tuple: ...
+    def ascent_step(self, xi: list, grad, consume: bool = False) -> tuple: ...
 
-    def lincomb(self, terms: Sequence[tuple]) -> list: ...
+    def lincomb(self, terms: Sequence[tuple], consume: list | None = None) -> list: ...
 
     def scale(self, xi: list, s) -> list: ...
 
@@ -116,11 +124,16 @@ class EuclideanSpace:
     def project(self, xi, rho):
         return radial_clip(xi, self.inner(xi, xi), rho)[0]
 
-    def ascent_step(self, xi, grad):
+    def ascent_step(self, xi, grad, consume=False):
         return list(grad), self.inner(grad, grad), self.inner(xi, grad)
 
-    def lincomb(self, terms):
-        return lincomb(terms)
+    def lincomb(self, terms, consume=None):
+        out = []
+        for j in range(len(terms[0][1])):
+            out.append(combine([(c, v[j]) for c, v in terms]))
+            if consume is not None:
+                consume[j] = None
+        return out
 
     def scale(self, xi, s):
         return [x * s for x in xi]
@@ -206,9 +219,9 @@ def radial_clip(xi, sq_norm, rho, on_device: bool | None = None, scale=None):
     return (scale or _scale_list)(xi, s), sq
 
 
-def _next_iterate(space: Space, x, x_prev, ascent, xx, eta, rho, a):
+def _next_iterate(space: Space, x, x_prev, ascent, xx, eta, rho, a, consume=False):
     """x + a(z − x) + (1 − a)(x − x_prev) before its clip, z = P(x + η d/‖d‖), from ``ascent`` = (d, g(d, d),
-    g(x, d)) and ``xx`` = ‖x‖²: one combination (z is never built)."""
+    g(x, d)) and ``xx`` = ‖x‖²: one combination (z is never built); ``consume``: d is released as it is formed."""
     d, dd, xg = ascent
     # normalised step η d/‖d‖ (0 when d = 0), kept on the device: no host synchronisation here
     dd = torch.as_tensor(dd).clamp_min(0)
@@ -219,7 +232,7 @@ def _next_iterate(space: Space, x, x_prev, ascent, xx, eta, rho, a):
     s = 1.0 if s is None else s
     # x_new = x + a(z − x) + (1 − a)(x − x_prev) = (2 − 2a + a s) x + a s step d − (1 − a) x_prev
     terms = [(2 - 2 * a + a * s, x), (a * s * step, d)] + ([(a - 1, x_prev)] if a != 1 else [])
-    return space.lincomb(terms)
+    return space.lincomb(terms, consume=d if consume else None)
 
 
 def apgd_step(space: Space, x, x_prev, g, xx, eta, rho, a):
@@ -258,13 +271,13 @@ def apgd(f_and_grad, space: Space, rho: float, n_iter: int = 20, random_start: b
     f_best_at_last_check = f_best
     increases = 0
     for k in range(n_iter):
-        # apgd_step, with every vector dropped once spent: the gradient at x once d is formed, d and x_prev
-        # once x_new is (x_prev stays alive only while it is the best point), so four tangent vectors are alive
-        # at a time besides an older best point (x, x_prev, d, x_new while combining; x, x_new, the perturbed
-        # parameters and the new gradient while evaluating)
-        ascent = space.ascent_step(x, g)
+        # apgd_step, with every vector dropped once spent: the space forms d in the gradient's place and x_new
+        # in d's (consume), x_prev is dropped once x_new exists (it stays alive only while it is the best point),
+        # so three tangent vectors are alive while combining (x, x_prev, d becoming x_new) and x, x_new, the
+        # perturbed parameters and the new gradient while evaluating, besides an older best point
+        ascent = space.ascent_step(x, g, consume=True)  # d formed in the gradient's place
         g = g_new = None
-        x_new = _next_iterate(space, x, x_prev, ascent, xx, eta, rho, 1.0 if k == 0 else momentum)
+        x_new = _next_iterate(space, x, x_prev, ascent, xx, eta, rho, 1.0 if k == 0 else momentum, consume=True)
         ascent = x_prev = None
         x_new, xx_new = radial_clip(x_new, space.inner(x_new, x_new), rho, scale=space.scale)
         f_new, g_new = f_and_grad(x_new)

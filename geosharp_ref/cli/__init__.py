@@ -30,7 +30,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from ..cpu_allocator import keep_freed_memory
+from ..cpu_allocator import keep_freed_memory, return_freed_memory
 from .parser import COMMANDS, build_parser
 
 __all__ = ["main", "one_line", "EXIT_INTERRUPTED"]
@@ -122,7 +122,9 @@ def _main(argv) -> int:
     ok = False
     try:
         command = importlib.import_module(f"{__name__}.{COMMANDS[args.command]}")  # lazily: only what runs
-        if args.command != "derive":  # run-time commands: reuse freed heap memory across iterations
+        if args.command == "verify":  # float64 on a whole model: memory-bound, return freed memory to the system
+            return_freed_memory()
+        elif args.command != "derive":  # run-time commands: reuse freed heap memory across iterations
             keep_freed_memory()
         with warnings.catch_warnings():  # the libraries' own deprecation notices are not the user's to act on
             warnings.filterwarnings("ignore", category=FutureWarning)

@@ -59,7 +59,7 @@ from ..kernels import load_kernels
 from .exact_geodesic import GeodesicPart
 from .space import SpaceOptions, frobenius
 
-__all__ = ["Factor", "FactorAt", "check_rank"]
+__all__ = ["Factor", "FactorAt", "check_rank", "random_tangent_like", "RANDOM_CHUNK"]
 
 
 class FactorAt(Protocol):
@@ -103,6 +103,25 @@ def check_rank(key: str, names, blocks, eps: float = 0.0) -> None:
                 f"(smallest eigenvalue of {name}ᵀ{name} {float(ev[..., 0].min()):.3g}); "
                 "pass a relaxation eps > 0 (paper App. H.2), e.g. eps=1e-6"
             )
+
+
+#: the most elements of the random square matrix W that :func:`random_tangent_like` draws at once
+RANDOM_CHUNK = 1 << 22
+
+
+def random_tangent_like(X, generator):
+    """W X with W Gaussian (…, n, n) / √n for a block X (…, n, h): it transforms like a tangent vector under a right
+    action X ↦ X A (W (X A) = (W X) A for the same draw), so a random start keeps the invariance. W is drawn and
+    applied in row chunks of at most :data:`RANDOM_CHUNK` elements over all leading dimensions (one chunk, the
+    whole W, for small blocks), so e.g. the 1,536 units × 576 inputs of one gated MLP do not need a 4 GB W at
+    once."""
+    n = X.shape[-2]
+    rows = max(1, RANDOM_CHUNK // (n * max(1, math.prod(X.shape[:-2]))))
+    out = []
+    for r0 in range(0, n, rows):
+        W = torch.randn(X.shape[:-2] + (min(rows, n - r0), n), generator=generator, dtype=X.dtype).to(X.device)
+        out.append((W / math.sqrt(n)) @ X)
+    return out[0] if len(out) == 1 else torch.cat(out, dim=-2)
 
 
 @dataclass(frozen=True)
@@ -235,9 +254,7 @@ class GenericFactorAt:
             if X.dim() < 2:
                 out.append(torch.randn(X.shape, generator=generator, dtype=X.dtype).to(X.device))
                 continue
-            W = torch.randn(X.shape[:-2] + (X.shape[-2], X.shape[-2]), generator=generator,
-                            dtype=X.dtype).to(X.device) / math.sqrt(X.shape[-2])
-            out.append(W @ X)
+            out.append(random_tangent_like(X, generator))
         return out
 
     def inner(self, xi, eta, state=None):

@@ -25,7 +25,6 @@ Per pair and Auto-PGD iteration (mix, exact gradient): 4 n·h² products for E, 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -37,7 +36,7 @@ from ..kernels import gl_kernels
 from ..lazy_blocks import GramTable
 from ..symmetry import PairGroup
 from .exact_geodesic import GeodesicPart
-from .factors import Factor, check_rank
+from .factors import Factor, check_rank, random_tangent_like
 from .space import SpaceOptions
 
 __all__ = ["GLPairFactor", "GLPairFactorAt", "gl_pair_factors"]
@@ -179,10 +178,7 @@ class GLPairFactorAt:
         (G A, H A⁻ᵀ), so the invariance of a random start is preserved."""
         out = []
         for G, H in self.pairs:
-            for X in (G, H):
-                W = torch.randn(X.shape[:-2] + (X.shape[-2], X.shape[-2]), generator=generator,
-                                dtype=X.dtype).to(X.device) / math.sqrt(X.shape[-2])
-                out.append(W @ X)
+            out.extend(random_tangent_like(X, generator) for X in (G, H))
         return out
 
     def inner(self, xi, eta, state=None):

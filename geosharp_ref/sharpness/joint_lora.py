@@ -49,7 +49,7 @@ from codegen.runtime_subgroup import rope_basis, solve_subalgebra, subalgebra_sy
 from ..apgd import combine
 from ..symmetry import LoRABinding, lora_bindings
 from .exact_geodesic import GeodesicPart
-from .factors import check_rank
+from .factors import check_rank, random_tangent_like
 from .joint_lora_geodesic import joint_lora_acceleration, spd_product_eig
 from .space import SpaceOptions, frobenius
 
@@ -377,9 +377,7 @@ class JointLoRAFactorAt:
         for b in range(self.n_pair_blocks):
             X = self.point[b]
             Xh = self._lift(self.point, b, X)
-            W = torch.randn(X.shape[:-2] + (Xh.shape[-2], Xh.shape[-2]), generator=generator,
-                            dtype=X.dtype).to(X.device) / math.sqrt(Xh.shape[-2])
-            Z, keep, xi = W @ Xh, self._plain(b), torch.zeros_like(X)
+            Z, keep, xi = random_tangent_like(Xh, generator), self._plain(b), torch.zeros_like(X)
             at = int(keep.sum())
             xi[..., keep, :] = Z[..., :at, :]
             for ai, idx in self.rows[b]:

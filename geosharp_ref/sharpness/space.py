@@ -221,17 +221,35 @@ class ProductSpace:
         xi = self.project_horizontal(xi)
         return radial_clip(xi, self.inner(xi, xi), rho, scale=self.scale)[0]
 
-    def lincomb(self, terms):
+    def lincomb(self, terms, consume=None):
         """Σᵢ cᵢ ξᵢ (``terms`` = [(cᵢ, ξᵢ)], cᵢ numbers or 0-d tensors); each factor combines its blocks and
-        states (hook ``lincomb``)."""
+        states (hook ``lincomb``). ``consume``: one of the terms' vectors, released as the sum is formed (each of
+        its entries, and its factor states, set to None once the result's entries that read it exist), so the
+        sum needs no storage beyond one factor's blocks or one parameter at a time on top of its terms."""
         split = [(c, self._split(v)) for c, v in terms]
-        parts, states = [], []
+        gone = next((p for (_, p), (_, v) in zip(split, terms) if v is consume), None) if consume is not None else None
+        parts, states, i = [], [], 0
         for k, b in enumerate(self.bound):
             blocks, state = b.lincomb([(c, p[k], s[k]) for c, (p, s, _) in split])
             parts.append(blocks)
             states.append(state)
-        rest = [combine([(c, a[j]) for c, (_, _, a) in split]) for j in range(len(self.adaptive_names))]
+            if gone is not None:
+                self._release(consume, gone, k, i)
+            i += self.sizes[k]
+        rest = []
+        for j in range(len(self.adaptive_names)):
+            rest.append(combine([(c, a[j]) for c, (_, _, a) in split]))
+            if gone is not None:
+                gone[2][j] = consume[i + j] = None
         return self._join(parts, rest, states)
+
+    def _release(self, vec, split, k, start):
+        """Drop factor k's blocks and state of ``vec`` (a tangent or cotangent list being consumed) and of its
+        ``split`` (what :meth:`_split` returned for it)."""
+        split[0][k] = None
+        if getattr(vec, "states", None) is not None:
+            vec.states[k] = None
+        vec[start:start + self.sizes[k]] = [None] * self.sizes[k]
 
     def scale(self, xi, s):
         """s ξ (s a number or a 0-d tensor), the factors' states rescaled with it."""
@@ -244,23 +262,35 @@ class ProductSpace:
         return self._join(parts, [x * (s.to(x.dtype) if torch.is_tensor(s) else s) for x in ax], states)
 
     # -- the ascent step -----------------------------------------------------------------------------
-    def ascent_step(self, xi, grad):
+    def ascent_step(self, xi, grad, consume=False):
         """(d, g(d, d), g(ξ, d)) for the :class:`Cotangents` ``grad`` that :meth:`value_and_grad` returned
-        at ξ: per factor its ``ascent`` hook, c² ⊙ ∂F/∂ξ on the rest (c² = 0 on immovable coordinates)."""
+        at ξ: per factor its ``ascent`` hook, c² ⊙ ∂F/∂ξ on the rest (c² = 0 on immovable coordinates).
+        ``consume=True``: ``grad`` is released as d is formed (its entries and states set to None once used), so
+        d takes the gradient's place instead of a parameter copy beside it."""
         if not isinstance(grad, Cotangents):
             raise TypeError("ascent_step takes the gradient ProductSpace.value_and_grad returns (Cotangents)")
         px, _, ax = self._split(xi)
-        pg, _, ag = self._split(grad)
+        split = self._split(grad)
+        pg, fstates, ag = split
         parts, states = [], []
         dd = xd = 0.0
-        for b, x, cot, fs in zip(self.bound, px, pg, self._split(grad)[1]):
-            d, st, dd_k, xd_k = b.ascent(x, cot, fs)
+        i = 0
+        for k, b in enumerate(self.bound):
+            d, st, dd_k, xd_k = b.ascent(px[k], pg[k], fstates[k])
             parts.append(d)
             states.append(st)
             dd, xd = dd + dd_k, xd + xd_k
-        d_a = [c2 * g for c2, g in zip(self._each_scale2(), ag)]
-        dd = dd + frobenius(d_a, ag)
-        xd = xd + frobenius(ax, ag)
+            if consume:
+                self._release(grad, split, k, i)
+            i += self.sizes[k]
+        d_a = []
+        for j, (c2, x) in enumerate(zip(self._each_scale2(), ax)):
+            g = ag[j]
+            d_a.append(c2 * g)
+            dd, xd = dd + frobenius([d_a[-1]], [g]), xd + frobenius([x], [g])
+            if consume:
+                ag[j] = grad[i + j] = None
+            g = None
         return self._join(parts, d_a, states), torch.as_tensor(dd), torch.as_tensor(xd)
 
     def ascent_direction(self, xi, grad):
@@ -272,9 +302,7 @@ class ProductSpace:
         params = dict(self.base)
         for b, E in zip(self.bound, blocks):
             params = b.insert(params, E)
-        for n, m, x in zip(self.adaptive_names, self.masks, ax):
-            params[n] = params[n] + (x if m is None else x * m.to(x.dtype))
-        return params
+        return self._perturb_rest(params, ax)
 
     def perturbed_params(self, xi):
         """The parameters at E(ξ) (a new dict; differentiable in ξ)."""
@@ -282,21 +310,60 @@ class ProductSpace:
         return self._assemble([b.perturbed(x) for b, x in zip(self.bound, px)], ax)
 
     def value_and_grad(self, loss_of_params):
-        """``f_and_grad(ξ) -> (F(ξ), Cotangents)`` with F(ξ) = loss_of_params(E(ξ)): the factor blocks E_k(ξ)
-        (hook ``forward``, no autograd) and ξ_rest enter as leaves; the backward pass stops at them."""
+        """``f_and_grad(ξ) -> (F(ξ), Cotangents)`` with F(ξ) = loss_of_params(E(ξ)).
+
+        The factor blocks E_k(ξ) are computed without autograd (hook ``forward``) and put into the parameters
+        they bind (hook ``insert``); those parameters W enter the model as leaves, with ξ_rest, so the backward
+        pass stops at ∂L/∂W. Each factor's cotangent is then the adjoint of its insert applied to it,
+        ū_k = (∂ insert_k/∂E_k)ᵀ ∂L/∂W (an insert rebuilds the bound slices from the blocks, possibly scaled by
+        a fold: affine, so its adjoint is the vjp at any point, here ξ_k), one factor at a time, each ∂L/∂W
+        released after its last factor. Only the perturbed parameters are alive during the backward pass, not
+        the blocks E_k beside them (a parameter-sized copy of every bound block fewer than with E_k as leaves)."""
         def f_and_grad(xi):
             px, sx, ax = self._split(xi)
-            blocks, states = [], []
+            params, states, touched = dict(self.base), [], []
             with torch.no_grad():
                 for b, x, s in zip(self.bound, px, sx):
                     E, st = b.forward([t.detach() for t in x], s)
-                    blocks.append(E)
+                    new = b.insert(params, E)
+                    touched.append([n for n in new if new[n] is not params[n]])
+                    params, E, new = new, None, None
                     states.append(st)
-            leaves = [e.detach().requires_grad_(True) for E in blocks for e in E] + \
-                [x.detach().requires_grad_(True) for x in ax]
-            eparts, _, rest = self._split(leaves)
-            value = loss_of_params(self._assemble(eparts, rest))
-            grads = torch.autograd.grad(value, leaves, allow_unused=True)
-            grads = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, grads)]
-            return float(value.detach()), Cotangents(grads, xi, states, self)
+            names = list(dict.fromkeys(n for t in touched for n in t))
+            leaves = [params[n].detach().requires_grad_(True) for n in names]
+            rest = [x.detach().requires_grad_(True) for x in ax]
+            params.update(zip(names, leaves))
+            value = loss_of_params(self._perturb_rest(params, rest))
+            params = None
+            grads = torch.autograd.grad(value, leaves + rest, allow_unused=True)
+            grads = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves + rest, grads)]
+            dW, rest_grads = dict(zip(names, grads[:len(names)])), grads[len(names):]
+            leaves = grads = None
+            uses = {n: sum(n in t for t in touched) for n in names}
+            cot = []
+            for b, x, t in zip(self.bound, px, touched):
+                cot.extend(self._insert_adjoint(b, x, t, [dW[n] for n in t]))
+                for n in t:
+                    uses[n] -= 1
+                    if not uses[n]:
+                        del dW[n]
+            return float(value.detach()), Cotangents(cot + rest_grads, xi, states, self)
         return f_and_grad
+
+    def _perturb_rest(self, params, rest):
+        """``params`` with ξ_rest added to the adaptive parameters (masked where a factor binds the rest)."""
+        params = dict(params)
+        for n, m, x in zip(self.adaptive_names, self.masks, rest):
+            params[n] = params[n] + (x if m is None else x * m.to(x.dtype))
+        return params
+
+    def _insert_adjoint(self, bound, xi, names, cotangents):
+        """(∂ insert/∂E)ᵀ applied to the cotangents of the parameters ``names`` that ``bound``'s insert rebuilds
+        (its blocks' shapes are ξ's; the map is affine, so the vjp is taken at ξ)."""
+        if not names:
+            return [torch.zeros_like(x) for x in xi]
+        with torch.enable_grad():
+            E = [x.detach().requires_grad_(True) for x in xi]
+            inserted = bound.insert(self.base, E)
+            grads = torch.autograd.grad([inserted[n] for n in names], E, cotangents, allow_unused=True)
+        return [torch.zeros_like(x) if g is None else g for x, g in zip(xi, grads)]

@@ -252,8 +252,8 @@ class _CountingBall(EuclideanBall):
     def project(self, xi, rho):
         return radial_clip(xi, self.inner(xi, xi), rho, scale=self.scale)[0]
 
-    def lincomb(self, terms):
-        return self.keep(super().lincomb(terms))
+    def lincomb(self, terms, consume=None):
+        return self.keep(super().lincomb(terms, consume))
 
     def scale(self, xi, s):
         return self.keep(super().scale(xi, s))
@@ -288,3 +288,38 @@ def test_apgd_keeps_at_most_three_vectors_alive_while_evaluating():
     kept = list(alive)
     assert most_alive(lambda g: apgd(f_and_grad, space, 0.7, n_iter=20, random_start=True, generator=g).values) <= 3
     assert len(alive) > len(kept) == 21  # restarts from older best points re-evaluated their gradient
+
+
+def test_apgd_forms_the_next_iterate_in_the_direction_s_place():
+    """Auto-PGD hands the spent gradient and direction to the space (``consume``): once the next iterate is formed,
+    x, x_prev and the new point are alive (three tangent vectors, four while the best point is an older one), one
+    fewer at every step than with a space that ignores ``consume`` (which holds the direction as well), and the
+    iterates are the same."""
+    dim = 32
+    gen = torch.Generator().manual_seed(0)
+    c = 0.2 * torch.randn(dim, generator=gen, dtype=torch.float64)
+
+    class Recording(_CountingBall):
+        def __init__(self, dim, honour):
+            super().__init__(dim)
+            self.honour, self.after_combining = honour, []
+
+        def lincomb(self, terms, consume=None):
+            out = super().lincomb(terms, consume if self.honour else None)
+            del terms
+            gc.collect()
+            self.after_combining.append(len(self.made))
+            return out
+
+    def run(space):
+        def f_and_grad(x):
+            v = x[0]
+            return float(-((v - c) ** 2).sum()), space.keep([-2 * (v - c)])
+        return apgd(f_and_grad, space, 0.7, n_iter=20, random_start=True,
+                    generator=torch.Generator().manual_seed(1)).values
+
+    lean, keeping = Recording(dim, True), Recording(dim, False)
+    assert run(lean) == run(keeping)
+    assert len(lean.after_combining) == len(keeping.after_combining) == 20
+    assert [k - n for n, k in zip(lean.after_combining, keeping.after_combining)] == [1] * 20
+    assert max(lean.after_combining) == 4 and lean.after_combining.count(3) > 10

@@ -46,3 +46,33 @@ def test_tuned_allocator_reuses_memory_instead_of_faulting_it_in(count, mib):
     # landing above the freed blocks): measured up to 1.33 of the five cycles' worth (98304 pages) while
     # other jobs loaded the machine, so the bound is two cycles' worth; the default faults all five
     assert tuned < (0.02 if mib < 32 else 0.4) * pages, tuned
+
+
+RSS_CHILD = r"""
+import json, sys, torch
+torch.set_num_threads(1)
+from geosharp_ref.cpu_allocator import keep_freed_memory, return_freed_memory
+assert (keep_freed_memory if sys.argv[1] == "keep" else return_freed_memory)()
+def rss():
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")) * 1024
+xs = [torch.ones(8 * 1024 * 1024 // 4) for _ in range(40)]  # 320 MiB of 8 MiB tensors
+full = rss()
+del xs[::2]  # every other one freed: holes in the middle of the heap, 160 MiB still alive
+print(json.dumps([full, rss()]))
+"""
+
+
+@pytest.mark.skipif(_glibc() is None, reason="glibc only")
+def test_return_freed_memory_gives_freed_tensors_back_to_the_system():
+    """return_freed_memory (geosharp verify's setting): freeing half of forty 8 MiB tensors lowers the resident
+    memory by about those 160 MiB; with keep_freed_memory the holes stay resident (the heap keeps them)."""
+    def run(mode):
+        out = subprocess.run([sys.executable, "-c", RSS_CHILD, mode], capture_output=True, text=True, cwd=ROOT,
+                             env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+                             check=True).stdout
+        return json.loads(out.strip().splitlines()[-1])
+    mib = 1024 * 1024
+    full, after = run("return")
+    assert full - after > 150 * mib, (full, after)
+    full, after = run("keep")
+    assert full - after < 20 * mib, (full, after)

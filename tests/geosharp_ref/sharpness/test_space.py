@@ -1,6 +1,8 @@
 """The perturbation space (geosharp_ref.sharpness.space: ProductSpace) against independent computations:
 the pairings of the ascent step, the cotangent gradient path against autograd through perturbed_params,
 the perturbed-weight gradient (paper Algorithm 1), the written Space protocol."""
+import weakref
+
 import numpy as np
 import pytest
 import torch
@@ -78,8 +80,8 @@ def test_apgd_with_the_pairings_follows_the_metric_norm_run(metric, metric_norm)
         def __getattr__(self, name):
             return getattr(space, name)
 
-        def ascent_step(self, x, g):
-            d = space.ascent_step(x, g)[0]
+        def ascent_step(self, x, g, consume=False):
+            d = space.ascent_step(x, g, consume)[0]
             return d, space.inner(d, d), space.inner(x, d)
 
     f_and_grad = space.value_and_grad(lambda p: model_loss(model, p, batch))
@@ -172,3 +174,27 @@ def test_exclude_and_masks():
     name = next(iter(space.base))
     sp = ProductSpace(space.base, exclude=[name])
     assert name not in sp.adaptive_names and len(sp.adaptive_names) == len(space.base) - 1
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_consume_releases_the_spent_vector_and_changes_no_value(fast):
+    """``ascent_step(ξ, ∇, consume=True)`` and ``lincomb(terms, consume=d)`` (Auto-PGD's ownership) free the
+    gradient and the direction (their tensors are gone, not only unlisted: the fast GL factor's Gram states and
+    the forward states go with them) and return bit for bit what the calls without ``consume`` return."""
+    model, batch, space = _tiny_space("mix", fast=fast)
+    f_and_grad = space.value_and_grad(lambda p: model_loss(model, p, batch))
+    xi = space.project(space.random(0.3, torch.Generator().manual_seed(5)), 0.3)
+    d_kept, dd_kept, xd_kept = space.ascent_step(xi, f_and_grad(xi)[1])
+    grad = f_and_grad(xi)[1]
+    alive = [weakref.ref(t) for t in grad]
+    d, dd, xd = space.ascent_step(xi, grad, consume=True)
+    assert all(t is None for t in grad) and all(r() is None for r in alive)
+    assert float(dd) == float(dd_kept) and float(xd) == float(xd_kept)
+    assert all(torch.equal(a, b) for a, b in zip(d, d_kept))  # (no loop variable left holding a tensor)
+    combined = space.lincomb([(0.7, xi), (0.2, d_kept), (-0.1, xi)])
+    alive = [weakref.ref(t) for t in d]
+    out = space.lincomb([(0.7, xi), (0.2, d), (-0.1, xi)], consume=d)
+    assert all(t is None for t in d) and all(r() is None for r in alive)
+    assert all(t is not None for t in xi)  # the other terms are left alone
+    assert all(torch.equal(a, b) for a, b in zip(out, combined))
+    assert float(space.inner(out, out)) == float(space.inner(combined, combined))

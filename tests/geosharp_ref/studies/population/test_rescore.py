@@ -14,6 +14,7 @@ from geosharp_ref.studies.population.minilm import MiniLMRecipesTask, checkpoint
 from geosharp_ref.studies.population.rescore import RESCORE, extended_test_set, rescore_population
 from geosharp_ref.studies.population.task import Split
 from geosharp_ref.studies.population.training import train_population
+from tests.cases import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +80,53 @@ def test_rescore_on_a_tiny_population(population, tmp_path):
     assert json.loads((out / RESCORE).read_text())["models"] == 3
     # resumes from the stored predictions; a different reference is refused
     assert rescore_population(out, splits=20, n_boot=50, progress=False)["per_model"] == res["per_model"]
-    man["models"][1]["metrics"]["test_error"] += 0.01
-    ref.write_text(json.dumps(man))
-    with pytest.raises(ValueError, match="not the committed model"):
-        rescore_population(out, reference=ref, progress=False)
+    assert res["reference_agreement"]["max_relative_loss_difference"] == {"train_loss": 0.0, "test_loss": 0.0}
+    # losses retrained with another summation order (≤ LOSS_RTOL) are the same models; other errors or losses are not
+    for k, change, refused in (("train_loss", 1 + 1e-7, False), ("test_error", None, True),
+                               ("test_loss", 1 + 1e-3, True)):
+        changed = json.loads(json.dumps(man))
+        m = changed["models"][1]["metrics"]
+        m[k] = m[k] + 1 / 600 if change is None else m[k] * change
+        ref.write_text(json.dumps(changed))
+        if refused:
+            with pytest.raises(ValueError, match="not the committed model"):
+                rescore_population(out, reference=ref, progress=False)
+        else:
+            agreement = rescore_population(out, reference=ref, progress=False, splits=20, n_boot=50)["reference_agreement"]
+            assert agreement["max_relative_loss_difference"]["train_loss"] == pytest.approx(1e-7, rel=1e-3)
+
+
+COMMITTED = sorted(p.parent for p in (ROOT / "docs" / "minilm").glob("*/rescore.json"))
+
+
+@pytest.mark.parametrize("pop", COMMITTED, ids=[p.name for p in COMMITTED])
+def test_committed_rescore_recomputed_from_its_predictions(pop, tmp_path):
+    """A committed MiniLM re-scoring (docs/minilm/<population>/rescore.json) follows from its committed files:
+    the extended test set's labels (rebuilt from the task's split), the committed predictions, the committed
+    manifest's train errors and the committed sharpness results give its test errors, gaps, split-half
+    reliability and every τ."""
+    from geosharp_ref.studies.population.evaluation import evaluation_grid, read_results
+    from geosharp_ref.studies.population.reliability import split_half_reliability
+    from geosharp_ref.studies.population.tasks import get_task
+    man, res = read_manifest(pop), json.loads((pop / RESCORE).read_text())
+    split = get_task(man["plan"]["task"]).load_split(man["plan"]["data"], tmp_path)
+    _, y, n_orig = extended_test_set(split, res["n_train"])
+    assert (len(y), n_orig) == (res["n_test_extended"], res["n_test_original"]) == (1743, 600)
+    preds = {r["model"]: r["predictions"] for r in map(json.loads, (pop / "test_predictions_extended.jsonl").open())}
+    names = [m["name"] for m in man["models"]]
+    wrong = np.array([np.asarray(preds[n]) != y.numpy() for n in names])
+    train_error = np.array([m["metrics"]["train_error"] for m in man["models"]])
+    for i, (n, m) in enumerate(zip(names, man["models"])):
+        got = res["per_model"][n]
+        assert got["test_error"] == pytest.approx(wrong[i].mean(), abs=1e-12)
+        assert got["gap"] == pytest.approx(wrong[i].mean() - train_error[i], abs=1e-12)
+        assert wrong[i, :n_orig].mean() == pytest.approx(m["metrics"]["test_error"], abs=1.5 / n_orig)
+    assert split_half_reliability(wrong, train_error, 200, 0)[2] == pytest.approx(
+        res["reliability"]["pearson_full_spearman_brown"], rel=1e-12)
+    cfg = json.loads((pop / "evaluation.json").read_text())
+    recs, (rows, grid) = read_results(pop), evaluation_grid(cfg)
+    gap = wrong.mean(1) - train_error
+    for i, row in enumerate(rows):
+        for measure, cell in res["tau"][row].items():
+            values = [recs[n]["values"][measure][grid[measure][i]] for n in names]
+            assert cell["tau"] == pytest.approx(kendall_with_ci(values, gap, n_boot=10)["tau"], abs=1e-12)
