@@ -99,8 +99,9 @@ def measure_grid(measures, rhos) -> dict:
 
 
 def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, seed: int = 0) -> dict:
-    """``{"values": {measure: {rho_key: mean sharpness}}, "relative_size": {measure: {rho_key: median
-    ‖Δθ‖/‖θ‖ over the batches}}, "loss", "heads"}`` (deterministic).
+    """``{"values": {measure: {rho_key: mean sharpness}}, "per_batch": {measure: {rho_key: [sharpness of each
+    batch]}}, "relative_size": {measure: {rho_key: median ‖Δθ‖/‖θ‖ over the batches}}, "loss", "heads"}``
+    (deterministic; the mean in ``values`` is the mean of ``per_batch``).
 
     ``rhos``: one list of radii for every measure, or ``{measure: [radii]}`` (a grid per measure, e.g.
     matched in perturbation size). ``measures`` from :data:`ALL_MEASURES`: ``adaptive``,
@@ -111,18 +112,19 @@ def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, se
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         smap = build_symmetry_map(model)
-    values, sizes, loss = {}, {}, None
+    values, per_batch, sizes, loss = {}, {}, {}, None
     for measure in measures:
-        values[measure], sizes[measure] = {}, {}
+        values[measure], per_batch[measure], sizes[measure] = {}, {}, {}
         m = NAMED_MEASURES[measure]
         for rho in grid[measure]:
             r = m.evaluate(model, batches, rho, n_iter=n_iter, seed=seed,
                            **({} if m.metric is None else {"symmetry_map": smap}))
             values[measure][rho_key(rho)] = r.mean
+            per_batch[measure][rho_key(rho)] = [float(v) for v in r.per_batch]
             if r.relative_size:
                 sizes[measure][rho_key(rho)] = r.median_relative_size
             loss = sum(r.loss_before) / len(r.loss_before)
-    out = dict(values=values, loss=loss, heads=sum(g.num_heads for g in smap.groups))
+    out = dict(values=values, per_batch=per_batch, loss=loss, heads=sum(g.num_heads for g in smap.groups))
     if any(sizes.values()):
         out["relative_size"] = {k: v for k, v in sizes.items() if v}
     return out

@@ -31,6 +31,13 @@ def test_reference_results(reference):
             assert set(vals) == {"0.01", "0.05"}
             assert all(np.isfinite(v) and v >= 0 for v in vals.values())
         assert r["heads"] == 16  # 2 layers × 4 heads × (Q/K, V/O)
+        # per-batch values are stored (the tweets protocol's requirement); the recorded value is their mean
+        assert set(r["per_batch"]) == set(pop.MEASURES)
+        for measure, cells in r["per_batch"].items():
+            assert set(cells) == {"0.01", "0.05"}
+            for rho, vals in cells.items():
+                assert len(vals) == EVAL["n_batches"]
+                assert float(np.mean(vals)) == pytest.approx(r["values"][measure][rho], rel=1e-12, abs=1e-15)
     # a second call skips everything and leaves the file byte-identical
     text = (reference / "results.jsonl").read_text()
     pop.evaluate_population(reference, **EVAL)
