@@ -128,12 +128,7 @@ class EuclideanSpace:
         return list(grad), self.inner(grad, grad), self.inner(xi, grad)
 
     def lincomb(self, terms, consume=None):
-        out = []
-        for j in range(len(terms[0][1])):
-            out.append(combine([(c, v[j]) for c, v in terms]))
-            if consume is not None:
-                consume[j] = None
-        return out
+        return lincomb(terms, consume)
 
     def scale(self, xi, s):
         return [x * s for x in xi]
@@ -181,10 +176,16 @@ def combine(terms):
     return out
 
 
-def lincomb(terms):
+def lincomb(terms, consume=None):
     """Σᵢ cᵢ ξᵢ for tangent vectors (lists of tensors), ``terms`` = [(cᵢ, ξᵢ)]: one pass per term and
-    one new tensor per entry."""
-    return [combine([(c, v[j]) for c, v in terms]) for j in range(len(terms[0][1]))]
+    one new tensor per entry; ``consume``: one of the ξᵢ, each of its entries released (set to None) once the
+    result's entry that reads it exists."""
+    out = []
+    for j in range(len(terms[0][1])):
+        out.append(combine([(c, v[j]) for c, v in terms]))
+        if consume is not None:
+            consume[j] = None
+    return out
 
 
 def _clip_factor(sq_norm, rho, on_device):

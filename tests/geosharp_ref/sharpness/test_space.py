@@ -198,3 +198,32 @@ def test_consume_releases_the_spent_vector_and_changes_no_value(fast):
     assert all(t is not None for t in xi)  # the other terms are left alone
     assert all(torch.equal(a, b) for a, b in zip(out, combined))
     assert float(space.inner(out, out)) == float(space.inner(combined, combined))
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_factors_sharing_a_tensor_get_their_own_cotangents(fast):
+    """GPT-2's fused c_attn holds the Q/K and the V/O pair (one factor each with ``fast=False``), folded by ln_1, and
+    c_attn's bias is adaptive: ∂L/∂W of the shared tensor is pulled back through each factor's insert. The cotangent
+    path's value and ascent direction equal autograd through ``perturbed_params`` (E as a function of ξ), float64."""
+    from geosharp_ref.sharpness.pipeline import build_space
+    from geosharp_ref.symmetry import find_symmetries
+    from tests.cases import models
+    torch.manual_seed(0)
+    model = models.gpt2(initializer_range=0.5).double().eval()
+    ids = torch.randint(3, 50, (3, 7), generator=torch.Generator().manual_seed(1))
+    batch = ({"input_ids": ids}, torch.cat([ids[:, 1:], torch.full((3, 1), -100)], 1))
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    space = build_space(params, symmetry_map(model), "mix", find_symmetries(model, batch, metric="mix", seed=0).bindings,
+                        fast=fast)
+    shared = [n for n in params if "c_attn.weight" in n]
+    assert shared and all(sum(n in f.param_names for f in space.factors) == (1 if fast else 2) for n in shared)
+    loss = lambda p: model_loss(model, p, batch)  # noqa: E731
+    xi = _scale_to(space, space.project_horizontal(_randn(space, torch.Generator().manual_seed(5))), 0.3)
+    f_c, g_c = space.value_and_grad(loss)(xi)
+    f_a, g_a = value_and_grad(lambda x: loss(space.perturbed_params(x)))(xi)
+    assert f_c == pytest.approx(f_a, rel=1e-13)
+    ref = build_space(params, symmetry_map(model), "mix", find_symmetries(model, batch, metric="mix", seed=0).bindings,
+                      fast=fast, geodesic_correction=False)  # takes ∂F/∂ξ as its cotangent
+    d_c, d_a = space.ascent_step(xi, g_c)[0], ref.ascent_step(xi, Cotangents(g_a, xi))[0]
+    for a, b in zip(d_c, d_a):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
