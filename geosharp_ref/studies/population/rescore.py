@@ -16,7 +16,9 @@ rest of the pool (1,143 documents) was never seen by any model. Added to the 600
    gaps (as :mod:`.reliability`: 200 halvings, Spearman–Brown, ceiling), and — where a ``results.jsonl`` of the
    same models is given (``--results``, e.g. the committed ``docs/minilm/recipes``) — Kendall τ of every measure
    against the new gap with bootstrap intervals and the signed contrasts τ_geo − τ_ada
-   (:func:`~.reanalysis.signed_tau_difference`), each against its adaptive counterpart.
+   (:func:`~.reanalysis.signed_tau_difference`), each against its adaptive counterpart, and the same contrast
+   of partial τ given the train error (``partial_contrast``, :func:`~.reanalysis.partial_tau_difference`: the
+   recipes population's gap mostly measures under-fitting).
 
 Commands (the model directories of the committed MiniLM populations are gone; retrain them first, bit-identical
 to the committed records, about 2 core-minutes per model)::
@@ -40,7 +42,7 @@ from ...io.durable import append_line, read_jsonl, write_json_atomic
 from ...stats import kendall_with_ci
 from .evaluation import evaluation_grid, load_population_model, read_results
 from .manifest import read_manifest
-from .reanalysis import signed_tau_difference
+from .reanalysis import partial_tau_difference, signed_tau_difference
 from .reliability import split_half_reliability
 from .task import Split
 from .tasks import get_task
@@ -146,18 +148,20 @@ def rescore_population(out, reference=None, results=None, splits: int = 200, see
         cfg = json.loads((rdir / "evaluation.json").read_text())
         recs = read_results(rdir)
         rows, grid = evaluation_grid(cfg)
-        table, contrast = {}, {}
+        table, contrast, partial = {}, {}, {}
         for i, row in enumerate(rows):
             cols = {m: np.array([recs[nm]["values"][m][grid[m][i]] for nm in names]) for m in cfg["measures"]}
             table[row] = {m: kendall_with_ci(v, gap, n_boot=n_boot, seed=seed) for m, v in cols.items()}
-            contrast[row] = {}
+            contrast[row], partial[row] = {}, {}
             for m in cols:
                 if m.startswith("geodesic-") and not any(a in m for a in ("first-order", "frobenius")):
                     ada = "adaptive-linearised" if m.endswith("-linearised") else "adaptive"
                     if ada in cols:
                         contrast[row][f"{m} - {ada}"] = signed_tau_difference(cols[m], cols[ada], gap,
                                                                               n_boot=n_boot, seed=seed)
-        result.update(tau=table, signed_contrast=contrast)
+                        partial[row][f"{m} - {ada}"] = partial_tau_difference(cols[m], cols[ada], gap, train_error,
+                                                                              n_boot=n_boot, seed=seed)
+        result.update(tau=table, signed_contrast=contrast, partial_contrast=partial)
     write_json_atomic(out / RESCORE, result)
     return result
 

@@ -10,6 +10,7 @@ import transformers
 
 from geosharp_ref.stats import kendall_with_ci
 from geosharp_ref.studies.population.manifest import read_manifest
+from geosharp_ref.studies.population.reanalysis import partial_tau
 from geosharp_ref.studies.population.minilm import MiniLMRecipesTask, checkpoint_dir
 from geosharp_ref.studies.population.rescore import RESCORE, extended_test_set, rescore_population
 from geosharp_ref.studies.population.task import Split
@@ -77,6 +78,10 @@ def test_rescore_on_a_tiny_population(population, tmp_path):
     assert res["tau"]["0.1"]["adaptive"]["tau"] == pytest.approx(
         kendall_with_ci([v[0] for v in vals.values()], gap, n_boot=50)["tau"], nan_ok=True)
     assert "geodesic-inv - adaptive" in res["signed_contrast"]["0.1"]
+    train = [m["metrics"]["train_error"] for m in man["models"]]
+    partial = res["partial_contrast"]["0.1"]["geodesic-inv - adaptive"]["difference"]  # NaN where a τ is undefined
+    expected = partial_tau([v[1] for v in vals.values()], gap, train) - partial_tau([v[0] for v in vals.values()], gap, train)
+    assert partial == pytest.approx(expected, nan_ok=True)
     assert json.loads((out / RESCORE).read_text())["models"] == 3
     # resumes from the stored predictions; a different reference is refused
     assert rescore_population(out, splits=20, n_boot=50, progress=False)["per_model"] == res["per_model"]
@@ -130,3 +135,7 @@ def test_committed_rescore_recomputed_from_its_predictions(pop, tmp_path):
         for measure, cell in res["tau"][row].items():
             values = [recs[n]["values"][measure][grid[measure][i]] for n in names]
             assert cell["tau"] == pytest.approx(kendall_with_ci(values, gap, n_boot=10)["tau"], abs=1e-12)
+        for pair, cell in res["partial_contrast"][row].items():  # τ(geo, gap | train) − τ(ada, gap | train)
+            geo, ada = ([recs[n]["values"][m][grid[m][i]] for n in names] for m in pair.split(" - "))
+            assert cell["difference"] == pytest.approx(partial_tau(geo, gap, train_error) - partial_tau(ada, gap, train_error),
+                                                       abs=1e-12)
