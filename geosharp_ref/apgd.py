@@ -28,7 +28,10 @@ the best point when (1) fewer than 75 % of the steps since the last checkpoint i
 The best iterate is kept; ``n_iter`` gradient evaluations follow the one at the start, plus one per restart
 from a best point older than the current iterate: its gradient is evaluated again there rather than kept (f and
 its gradient are deterministic functions of the point, so the iterates are those of keeping it, and a
-parameter-sized vector fewer is alive between restarts).
+parameter-sized vector fewer is alive between restarts). A best point older than the current iterate is parked
+in an anonymous temporary file once the momentum step has used it (as x_prev) when it is large
+(``park_bytes``, default :data:`PARK_BYTES` = 256 MiB: a 135 M-parameter float64 model's vector is 1.1 GB), and
+restored bit for bit on a restart or at the end; the iterates do not change.
 
 Host synchronisation: the step normalisation stays on the device; the only value read back per
 iteration is f (returned as a float by ``f_and_grad``), which the best-iterate and step-size
@@ -42,8 +45,14 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-__all__ = ["Space", "ModelSpace", "apgd_checkpoints", "apgd", "APGDResult", "value_and_grad", "radial_clip",
+from .parking import park
+
+__all__ = ["PARK_BYTES", "Space", "ModelSpace", "apgd_checkpoints", "apgd", "APGDResult", "value_and_grad", "radial_clip",
            "apgd_step", "lincomb", "combine", "EuclideanSpace"]
+
+
+#: Auto-PGD keeps an older best point of at least this many bytes in a temporary file (see :func:`apgd`)
+PARK_BYTES = 1 << 28
 
 
 class Space(Protocol):
@@ -250,10 +259,13 @@ def apgd_step(space: Space, x, x_prev, g, xx, eta, rho, a):
 
 def apgd(f_and_grad, space: Space, rho: float, n_iter: int = 20, random_start: bool = False,
          generator: torch.Generator | None = None, momentum: float = 0.75,
-         rho_osc: float = 0.75, start=None) -> APGDResult:
+         rho_osc: float = 0.75, start=None, park_bytes: int | None = PARK_BYTES) -> APGDResult:
     """Maximise f over the horizontal g-ball of radius ``rho``; ``f_and_grad(xi) -> (float, grad)`` with
     ``grad`` in the form ``space.ascent_step`` takes. ``start``: a tangent vector to start from (projected;
-    overrides ``random_start``)."""
+    overrides ``random_start``). ``park_bytes``: a best point older than the current iterate whose tensors hold
+    at least this many bytes waits in an anonymous temporary file, once the momentum step has used it as x_prev,
+    until a restart or the end needs it (:mod:`geosharp_ref.parking`: the same tensor objects get their values back bit for bit, so the
+    iterates are unchanged; None: never)."""
     if start is not None:
         x = [t.clone() for t in start]
     else:
@@ -264,6 +276,7 @@ def apgd(f_and_grad, space: Space, rho: float, n_iter: int = 20, random_start: b
     f0 = f
     values, steps = [f], []
     x_best, f_best, xx_best = x, f, xx  # the best point's gradient is not kept (recomputed on a restart)
+    parked = None  # x_best's tensors in a temporary file while it is older than x (park_bytes)
     x_prev = x
     eta = 2.0 * rho
     checkpoints = set(apgd_checkpoints(n_iter))
@@ -280,6 +293,8 @@ def apgd(f_and_grad, space: Space, rho: float, n_iter: int = 20, random_start: b
         g = g_new = None
         x_new = _next_iterate(space, x, x_prev, ascent, xx, eta, rho, 1.0 if k == 0 else momentum, consume=True)
         ascent = x_prev = None
+        if parked is None and x_best is not x and park_bytes is not None and _nbytes(x_best) >= park_bytes:
+            parked = park(list(x_best))  # an older best point (x_prev was the last use it had besides a restart)
         x_new, xx_new = radial_clip(x_new, space.inner(x_new, x_new), rho, scale=space.scale)
         f_new, g_new = f_and_grad(x_new)
         values.append(f_new)
@@ -288,6 +303,7 @@ def apgd(f_and_grad, space: Space, rho: float, n_iter: int = 20, random_start: b
             increases += 1
         x_prev, x, f, g, xx = x, x_new, f_new, g_new, xx_new
         if f_new > f_best:
+            parked = _discard(parked)
             x_best, f_best, xx_best = x_new, f_new, xx_new
         x_new = g_new = None  # held as x and g
         it = k + 1
@@ -298,10 +314,30 @@ def apgd(f_and_grad, space: Space, rho: float, n_iter: int = 20, random_start: b
             if halved_at_last_check:
                 eta /= 2.0
                 if x_best is not x:  # restart from an older best point: its gradient evaluated again there
+                    parked = _restore(parked)
                     x, g = x_best, None  # the current iterate and its gradient dropped first
                     f, xx = f_best, xx_best
                     _, g = f_and_grad(x)
             f_best_at_last_check = f_best
             last_check = it
             increases = 0
+    _restore(parked)
     return APGDResult(best_value=f_best, start_value=f0, best_xi=x_best, values=values, step_sizes=steps)
+
+
+def _nbytes(xi) -> int:
+    return sum(t.numel() * t.element_size() for t in xi if t is not None)
+
+
+def _restore(parked) -> None:
+    """Give a parked best point its values back (nothing when none is parked); the handle is spent."""
+    if parked is not None:
+        parked.restore()
+    return None
+
+
+def _discard(parked) -> None:
+    """Drop a parked best point that a better one replaced; the handle is spent."""
+    if parked is not None:
+        parked.discard()
+    return None

@@ -48,7 +48,7 @@ LAYERS = [
     ("foundations", ("geosharp_ref.kernels", "geosharp_ref.forward", "geosharp_ref.precision", "geosharp_ref.sampling",
                      "geosharp_ref.lazy_blocks",
                      "geosharp_ref.stats", "geosharp_ref.plots", "geosharp_ref.cpu_allocator",
-                     "geosharp_ref.distributed")),
+                     "geosharp_ref.parking", "geosharp_ref.distributed")),
     ("geometry", ("geosharp_ref.geometry", "geosharp_ref.apgd")),
     ("symmetry", ("geosharp_ref.symmetry",)),
     ("sharpness", ("geosharp_ref.sharpness",)),

@@ -42,6 +42,9 @@ the Gram products of the vector with the base point there, carried by
   pairings (for ``metric_norm`` they are ⟨d, ∇⟩_F and ⟨ξ, ∇⟩_F with ∇ = (∂E/∂ξ)ᵀ ū: g(ξ, P𝔾⁻¹∇) = ⟨ξ, ∇⟩_F
   for horizontal ξ; for the Frobenius ablation they are computed with ⟨·,·⟩_F);
 * ``perturbed(xi)`` — E_k(ξ), differentiable in ξ; ``insert(params, blocks)`` — θ with θ_k replaced;
+* ``insert_parts()`` (optional) — ``[(block indices, insert(params, blocks))]``, the insert in parts over
+  disjoint blocks (e.g. one per layer), so the backward pass frees each part's weights and their gradient
+  as it passes them (default: one part, ``insert``);
 * ``lincomb(terms)`` with ``terms`` = [(c, xi, state)] → (Σ c ξ, state), ``scale(xi, state, s)`` → (s ξ, state).
 """
 from __future__ import annotations

@@ -278,6 +278,13 @@ class GLPairFactorAt:
             params = grp.insert(params, (blocks[2 * i], blocks[2 * i + 1]))
         return params
 
+    def insert_parts(self) -> list:
+        """One insert part per group (blocks 2i, 2i + 1): the evaluator pulls each layer's ∂L/∂W back as soon
+        as the backward pass has passed it (:meth:`ProductSpace.value_and_grad
+        <geosharp_ref.sharpness.space.ProductSpace.value_and_grad>`)."""
+        return [([2 * i, 2 * i + 1], lambda params, blocks, grp=grp: grp.insert(params, tuple(blocks)))
+                for i, grp in enumerate(self.groups)]
+
     def lincomb(self, terms):
         """Σ cᵢ ξᵢ with its tables: Gᵀ(Σ cᵢ ξᵢ) = Σ cᵢ Gᵀξᵢ from the terms' (h×h work)."""
         blocks, tables = [], []

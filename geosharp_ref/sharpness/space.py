@@ -15,8 +15,10 @@ Adaptive sharpness is the space without factors. A tangent vector is a :class:`T
 blocks of factor 1, …, of factor K, then one tensor per adaptive parameter) with one state per factor (None,
 or data the factor carries with the vector, e.g. its Gram products with the base point).
 
-Gradient (:meth:`ProductSpace.value_and_grad`): every E_k(ξ_k) is computed without autograd and enters the
-model as a leaf, so the backward pass stops at the cotangents ū_k = ∂L/∂E_k (and gives ∂F/∂ξ on the rest);
+Gradient (:meth:`ProductSpace.value_and_grad`): every E_k(ξ_k) is computed without autograd and put into the
+weights it binds by one autograd node per insert part whose backward is the insert's adjoint, so the backward
+pass stops at the cotangents ū_k = ∂L/∂E_k (and gives ∂F/∂ξ on the rest), freeing each layer's perturbed weights
+and their gradient as it passes them;
 :meth:`ProductSpace.ascent_step` maps them to d (factor hook ``ascent``). ``gradient="exact"`` applies
 (∂E_k/∂ξ_k)ᵀ (the generated VJP); ``gradient="perturbed"`` uses ū_k itself, the gradient at the perturbed
 weights, as the paper's Algorithm 1 does (the same direction to first order in ξ).
@@ -313,41 +315,33 @@ class ProductSpace:
         """``f_and_grad(ξ) -> (F(ξ), Cotangents)`` with F(ξ) = loss_of_params(E(ξ)).
 
         The factor blocks E_k(ξ) are computed without autograd (hook ``forward``) and put into the parameters
-        they bind (hook ``insert``); those parameters W enter the model as leaves, with ξ_rest, so the backward
-        pass stops at ∂L/∂W. Each factor's cotangent is then the adjoint of its insert applied to it,
-        ū_k = (∂ insert_k/∂E_k)ᵀ ∂L/∂W (an insert rebuilds the bound slices from the blocks, possibly scaled by
-        a fold: affine, so its adjoint is the vjp at any point, here ξ_k), one factor at a time, each ∂L/∂W
-        released after its last factor. Only the perturbed parameters are alive during the backward pass, not
-        the blocks E_k beside them (a parameter-sized copy of every bound block fewer than with E_k as leaves)."""
+        they bind (hook ``insert``, one *insert part* at a time: hook ``insert_parts``, e.g. one per attention
+        pair or gated layer). Each part's new weights W enter the model as the outputs of one autograd node
+        (:class:`_InsertNode`) whose inputs are placeholders of the part's blocks: its backward applies the
+        adjoint of the insert to ∂L/∂W, ū = (∂ insert/∂E)ᵀ ∂L/∂W (an insert rebuilds the bound slices from the
+        blocks, possibly scaled by a fold: affine, so its adjoint is the vjp at any point, here ξ), as soon as
+        the backward pass has reached the layer, so each W and ∂L/∂W are freed layer by layer; neither the
+        blocks E_k nor a parameter-sized set of leaves is kept beside the perturbed weights."""
         def f_and_grad(xi):
             px, sx, ax = self._split(xi)
-            params, states, touched = dict(self.base), [], []
-            with torch.no_grad():
-                for b, x, s in zip(self.bound, px, sx):
+            params, states, slots = dict(self.base), [], []
+            for b, x, s in zip(self.bound, px, sx):
+                with torch.no_grad():
                     E, st = b.forward([t.detach() for t in x], s)
-                    new = b.insert(params, E)
-                    touched.append([n for n in new if new[n] is not params[n]])
-                    params, E, new = new, None, None
-                    states.append(st)
-            names = list(dict.fromkeys(n for t in touched for n in t))
-            leaves = [params[n].detach().requires_grad_(True) for n in names]
+                states.append(st)
+                slot = [t.detach().requires_grad_(True) for t in x]
+                slots.append(slot)
+                for blocks, insert in _insert_parts(b):
+                    params = _InsertNode.insert(params, self.base, insert, [E[i] for i in blocks],
+                                                [slot[i] for i in blocks])
+                E = None
             rest = [x.detach().requires_grad_(True) for x in ax]
-            params.update(zip(names, leaves))
             value = loss_of_params(self._perturb_rest(params, rest))
             params = None
-            grads = torch.autograd.grad(value, leaves + rest, allow_unused=True)
-            grads = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves + rest, grads)]
-            dW, rest_grads = dict(zip(names, grads[:len(names)])), grads[len(names):]
-            leaves = grads = None
-            uses = {n: sum(n in t for t in touched) for n in names}
-            cot = []
-            for b, x, t in zip(self.bound, px, touched):
-                cot.extend(self._insert_adjoint(b, x, t, [dW[n] for n in t]))
-                for n in t:
-                    uses[n] -= 1
-                    if not uses[n]:
-                        del dW[n]
-            return float(value.detach()), Cotangents(cot + rest_grads, xi, states, self)
+            inputs = [t for slot in slots for t in slot] + rest
+            grads = torch.autograd.grad(value, inputs, allow_unused=True)
+            cot = [torch.zeros_like(x) if g is None else g for x, g in zip(inputs, grads)]
+            return float(value.detach()), Cotangents(cot, xi, states, self)
         return f_and_grad
 
     def _perturb_rest(self, params, rest):
@@ -357,13 +351,57 @@ class ProductSpace:
             params[n] = params[n] + (x if m is None else x * m.to(x.dtype))
         return params
 
-    def _insert_adjoint(self, bound, xi, names, cotangents):
-        """(∂ insert/∂E)ᵀ applied to the cotangents of the parameters ``names`` that ``bound``'s insert rebuilds
-        (its blocks' shapes are ξ's; the map is affine, so the vjp is taken at ξ)."""
+
+def _insert_parts(bound) -> list:
+    """``[(block indices, insert(params, blocks))]``: a factor's insert in parts that touch disjoint blocks
+    (factor hook ``insert_parts``; default one part, every block, the factor's ``insert``)."""
+    hook = getattr(bound, "insert_parts", None)
+    return hook() if hook is not None else [(list(range(bound.size)), bound.insert)]
+
+
+class _InsertNode(torch.autograd.Function):
+    """The weights an insert rebuilds, W = insert(params, E), as one autograd node of the blocks' placeholders
+    (and of the incoming weights, where an earlier insert already changed them: shared tensors such as GPT-2's
+    fused c_attn). Forward returns the W computed without autograd; backward is the insert's adjoint, taken by
+    autograd of ``insert`` at the placeholders' values (the map is affine: the vjp is the same at every
+    point), so ∂L/∂E and ∂L/∂W_in are formed as soon as ∂L/∂W is complete and ∂L/∂W is freed."""
+
+    @staticmethod
+    def insert(params, base, insert, E, slots) -> dict:
+        """``params`` with the weights ``insert`` rebuilds from the blocks ``E`` (computed here without
+        autograd) attached to the graph through ``slots`` (placeholders of E requiring grad)."""
+        with torch.no_grad():
+            new = insert(params, E)
+        names = [n for n in new if new[n] is not params[n]]
         if not names:
-            return [torch.zeros_like(x) for x in xi]
+            return new
+        info = dict(base=base, insert=insert, names=names, n_slots=len(slots), new=[new[n] for n in names])
+        out = _InsertNode.apply(info, *slots, *[params[n] for n in names])
+        new.update(zip(names, out))
+        return new
+
+    @staticmethod
+    def forward(ctx, info, *inputs):
+        ctx.info = info
+        ctx.save_for_backward(*inputs[:info["n_slots"]])
+        out, info["new"] = info["new"], None
+        return tuple(out)
+
+    @staticmethod
+    def backward(ctx, *grad_w):
+        info, slots = ctx.info, ctx.saved_tensors
+        names, n = info["names"], info["n_slots"]
+        need_in = ctx.needs_input_grad[1 + n:]
         with torch.enable_grad():
-            E = [x.detach().requires_grad_(True) for x in xi]
-            inserted = bound.insert(self.base, E)
-            grads = torch.autograd.grad([inserted[n] for n in names], E, cotangents, allow_unused=True)
-        return [torch.zeros_like(x) if g is None else g for x, g in zip(xi, grads)]
+            E = [x.detach().requires_grad_(True) for x in slots]
+            src = dict(info["base"])
+            incoming = []
+            for name, need in zip(names, need_in):
+                if need:
+                    src[name] = src[name].detach().requires_grad_(True)
+                    incoming.append(src[name])
+            inserted = info["insert"](src, E)
+            grads = list(torch.autograd.grad([inserted[m] for m in names], E + incoming, grad_w, allow_unused=True))
+        slot_grads = [torch.zeros_like(x) if g is None else g for x, g in zip(slots, grads[:n])]
+        it = iter(grads[n:])
+        return (None, *slot_grads, *[next(it) if need else None for need in need_in])

@@ -9,8 +9,9 @@ quotients it:
   (one GL(h) per head, one GL(1) per unit, one translation per column, …). ``insert(θ, X)`` is its inverse
   on the bound slices: a NEW dict equal to θ except on the slices the binding covers, so
   ``insert(θ, extract(θ)) == θ`` and bindings sharing a tensor but not its elements compose. ``insert`` is
-  affine in the blocks (slices, reshapes, transposes, fixed scalings such as a norm fold): the evaluator maps a
-  gradient of the parameters back to the blocks by its adjoint (``ProductSpace.value_and_grad``);
+  affine in the blocks and in θ (slices, reshapes, transposes, fixed scalings such as a norm fold; the elements
+  it does not bind are copied): the evaluator maps a gradient of the parameters back to the blocks, and to an
+  earlier binding of the same tensor, by its adjoint (``ProductSpace.value_and_grad``);
 * **action** — ``act(θ, a) = ψ(a, θ)``, the group acting on the blocks (e.g. (G, H) ↦ (G A, H A⁻ᵀ) for a
   GL(h) pair, W ↦ a W for a scaling); ``random_element(θ, scale, seed)`` draws a well-conditioned group
   element of size ``scale`` (the exactness check acts with scales 10⁻² and 10²);

@@ -22,12 +22,13 @@ import warnings
 import torch
 
 from ..forward import call_model, model_logits
+from ..parking import park
 from ..sharpness import adaptive_sharpness, build_space, geodesic_sharpness
 from ..sharpness.pipeline import gradient_dual_norm
 from ..symmetry import NoAttentionPairsWarning, Quotient, SymmetryMap
 from ..sampling import draw_orbit_elements
 
-__all__ = ["riemannian_gradient_norm", "model_with_params", "parameters_set_to", "parameters_moved_to", "held_exactly",
+__all__ = ["riemannian_gradient_norm", "model_with_params", "parameters_set_to", "parameters_moved_to",
            "orbit_quantities", "relative_change", "orbit_invariance", "INVARIANCE_TOL", "QUANTITIES",
            "INVARIANT_QUANTITIES"]
 
@@ -67,41 +68,34 @@ def parameters_set_to(model, params):
                 p.data = saved[n]
 
 
-def held_exactly(t):
-    """``t`` in float32 when that holds every value of the float64 tensor ``t`` exactly (a float64 copy of a
-    float32, bfloat16 or quantised checkpoint: half the bytes), else ``t`` itself; ``.to(t.dtype)`` gives θ back
-    bit for bit either way."""
-    if t.dtype is torch.float64:
-        narrow = t.to(torch.float32)
-        if torch.equal(narrow.to(torch.float64), t):
-            return narrow
-    return t
-
-
 @contextlib.contextmanager
 def parameters_moved_to(model, theta, moved):
     """Within the block ``model``'s parameters hold ``moved`` (name → tensor, as :func:`parameters_set_to`);
-    ``theta`` (name → tensor, the model's own parameters, a dict the block updates in place) keeps each parameter
-    that ``moved`` replaces (``moved[n] is not theta[n]``) as :func:`held_exactly` holds it, so the float64
-    tensors of θ that the move replaced are released while the moved point is measured (only θ's float32
-    values stay alive beside the moved ones). On exit ``theta`` and the model hold float64 tensors equal to θ
-    bit for bit again (new tensors)."""
+    ``theta`` (name → tensor, the model's own parameters, a dict the block updates in place) gives up every
+    parameter that ``moved`` replaces (``moved[n] is not theta[n]``): its values wait in an anonymous temporary
+    file (:func:`geosharp_ref.parking.park`: no name to leave behind, also when the process dies) and ``theta[n]``
+    is a storage-less ``meta`` tensor of its shape and dtype meanwhile, so only the moved values are in memory
+    while the moved point is measured. On exit ``theta`` and the model hold the same tensor objects as before
+    with θ's values again, bit for bit."""
     named = dict(model.named_parameters())
     missing = sorted(set(named) - set(moved))
     if missing:
         raise ValueError(f"parameters_moved_to: no tensor for {missing[:3]}")
-    changed = {n: theta[n].dtype for n in named if moved[n] is not theta[n]}
+    changed = {n: theta[n] for n in named if moved[n] is not theta[n]}
+    parked = None
     try:
         with torch.no_grad():
             for n, p in named.items():
                 p.data = moved[n]
-            for n in changed:
-                theta[n] = held_exactly(theta[n])
+        for n, t in changed.items():  # the placeholders first: parking empties the tensors
+            theta[n] = torch.empty(t.shape, dtype=t.dtype, device="meta")
+        parked = park(changed.values())
         yield model
     finally:
+        if parked is not None:
+            parked.restore()
+        theta.update(changed)
         with torch.no_grad():
-            for n, dtype in changed.items():
-                theta[n] = theta[n].to(dtype)
             for n, p in named.items():
                 p.data = theta[n]
 
@@ -149,7 +143,7 @@ def relative_change(a, b) -> float:
 def orbit_invariance(model64, smap, batch, rho, scales, iters=5, seed=0, symmetries=None) -> dict:
     """Move a float64 model along its orbits (one draw per scale) and measure relative changes. The moved
     point's parameters are swapped into ``model64`` (:func:`parameters_moved_to`: no copy of the model, and θ's
-    float64 tensors of the moved parameters are released while it is measured); the model holds θ again after.
+    tensors of the moved parameters wait in a temporary file while it is measured); the model holds θ again after.
 
     Returns ``{"base": quantities at θ, "rows": [(a, {quantity: relative change})], "worst": {quantity:
     max change}, "failed": invariant quantities that changed by more than INVARIANCE_TOL}``."""

@@ -323,3 +323,69 @@ def test_apgd_forms_the_next_iterate_in_the_direction_s_place():
     assert len(lean.after_combining) == len(keeping.after_combining) == 20
     assert [k - n for n, k in zip(lean.after_combining, keeping.after_combining)] == [1] * 20
     assert max(lean.after_combining) == 4 and lean.after_combining.count(3) > 10
+
+
+def test_an_older_best_point_is_parked_and_the_iterates_do_not_change(tmp_path, monkeypatch):
+    """With ``park_bytes=0`` a best point older than x waits in an anonymous temporary file once the momentum step
+    has used it: while f and its gradient are evaluated at most two tangent vectors hold memory (the new point and
+    the current iterate; three without parking on this objective, whose steps overshoot), nothing is left in the
+    temporary directory, and the values and the best point equal the run that keeps it (bit for bit: the same
+    tensor objects get their bytes back)."""
+    import tempfile
+    from geosharp_ref import apgd as apgd_module
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    parks = []
+    real_park = apgd_module.park
+    monkeypatch.setattr(apgd_module, "park", lambda ts: parks.append(1) or real_park(ts))
+    dim = 64
+    gen = torch.Generator().manual_seed(0)
+    c = torch.randn(dim, generator=gen, dtype=torch.float64)
+    c = 0.2 * c / c.norm()
+    holding = []
+
+    def run(park_bytes):
+        space = _CountingBall(dim)  # a fresh record per run (an earlier run's best point stays alive)
+
+        def f_and_grad(x):
+            gc.collect()
+            holding.append(sum(t.numel() > 0 for t in space.made))
+            v = x[0]
+            return float(-((v - c) ** 2).sum()), space.keep([-2 * (v - c)])
+        holding.clear()
+        return apgd(f_and_grad, space, 0.7, n_iter=20, random_start=True, generator=torch.Generator().manual_seed(1),
+                    park_bytes=park_bytes)
+    kept = run(None)
+    assert max(holding) == 3 and not parks
+    parked = run(0)
+    assert max(holding) <= 2 and parks
+    assert parked.values == kept.values and parked.best_value == kept.best_value
+    assert all(torch.equal(a, b) for a, b in zip(parked.best_xi, kept.best_xi))
+    assert list(tmp_path.iterdir()) == []
+    parks.clear()
+    run(8 * dim + 1)  # below the threshold nothing is parked
+    assert not parks
+
+
+def test_parking_changes_no_iterate_on_a_decoder_with_every_symmetry(monkeypatch):
+    """On a tiny Llama with every symmetry (the fast GL factor's vectors carry Gram tables that refer to the parked
+    tensors), Auto-PGD with every older best point parked gives the values and the best point of the run that
+    keeps it, bit for bit."""
+    from geosharp_ref.forward import model_loss
+    from geosharp_ref.sharpness.pipeline import build_space
+    from geosharp_ref.symmetry import find_symmetries, symmetry_map
+    from tests.cases import models
+    torch.manual_seed(0)
+    model = models.llama(initializer_range=0.5).double().eval()
+    ids = torch.randint(3, 50, (3, 7), generator=torch.Generator().manual_seed(1))
+    batch = ({"input_ids": ids}, torch.cat([ids[:, 1:], torch.full((3, 1), -100)], 1))
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    space = build_space(params, symmetry_map(model), "mix", find_symmetries(model, batch, metric="mix", seed=0).bindings)
+    f_and_grad = space.value_and_grad(lambda p: model_loss(model, p, batch))
+    from geosharp_ref import apgd as apgd_module
+    parks, real_park = [], apgd_module.park
+    monkeypatch.setattr(apgd_module, "park", lambda ts: parks.append(len(ts)) or real_park(ts))
+    runs = [apgd(f_and_grad, space, 0.5, n_iter=12, random_start=True, generator=torch.Generator().manual_seed(3),
+                 park_bytes=b) for b in (None, 0)]
+    assert parks and all(n == len(runs[0].best_xi) for n in parks)
+    assert runs[0].values == runs[1].values and len(runs[0].values) == 13
+    assert all(torch.equal(a, b) for a, b in zip(runs[0].best_xi, runs[1].best_xi))

@@ -227,3 +227,42 @@ def test_factors_sharing_a_tensor_get_their_own_cotangents(fast):
     d_c, d_a = space.ascent_step(xi, g_c)[0], ref.ascent_step(xi, Cotangents(g_a, xi))[0]
     for a, b in zip(d_c, d_a):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_backward_pass_frees_each_layers_perturbed_weights_as_it_passes_them(fast):
+    """The bound weights W enter the model as outputs of insert nodes (no list of leaves keeps them): when the
+    backward pass reaches the token embedding (tied, so its gradient is complete only there, after every layer)
+    every perturbed bound weight is already gone (weakrefs dead), and the value and cotangents still equal
+    autograd through ``perturbed_params`` (a tiny Llama with RoPE Q/K, V/O and gated units quotiented)."""
+    from geosharp_ref.sharpness.pipeline import build_space
+    from geosharp_ref.symmetry import find_symmetries
+    from tests.cases import models
+    torch.manual_seed(0)
+    model = models.llama(initializer_range=0.5, tie_word_embeddings=True).double().eval()
+    ids = torch.randint(3, 50, (3, 7), generator=torch.Generator().manual_seed(1))
+    batch = ({"input_ids": ids}, torch.cat([ids[:, 1:], torch.full((3, 1), -100)], 1))
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    bindings = find_symmetries(model, batch, metric="mix", seed=0).bindings
+    space = build_space(params, symmetry_map(model), "mix", bindings, fast=fast)
+    bound = {n for f in space.factors for n in f.param_names} - set(space.adaptive_names)
+    assert {"q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"} <= {n.split(".")[-2] for n in bound}
+    seen = {}
+
+    def loss(p):
+        refs = [weakref.ref(p[n]) for n in sorted(bound)]
+        emb = p["model.embed_tokens.weight"]
+        emb.register_hook(lambda g: seen.update(alive=sum(r() is not None for r in refs)))
+        seen["bound"] = len(refs)
+        return model_loss(model, p, batch)
+
+    xi = _scale_to(space, space.project_horizontal(_randn(space, torch.Generator().manual_seed(5))), 0.3)
+    f_c, g_c = space.value_and_grad(loss)(xi)
+    assert seen["bound"] >= 12 and seen["alive"] == 0
+    plain = lambda p: model_loss(model, p, batch)  # noqa: E731
+    f_a, g_a = value_and_grad(lambda x: plain(space.perturbed_params(x)))(xi)
+    assert f_c == pytest.approx(f_a, rel=1e-13)
+    ref = build_space(params, symmetry_map(model), "mix", bindings, fast=fast, geodesic_correction=False)
+    d_c, d_a = space.ascent_step(xi, g_c)[0], ref.ascent_step(xi, Cotangents(g_a, xi))[0]
+    for a, b in zip(d_c, d_a):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)

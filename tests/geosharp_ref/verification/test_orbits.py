@@ -81,13 +81,16 @@ def _llama_case():
 
 
 @pytest.mark.parametrize("float32_exact", [True, False])
-def test_parameters_moved_to_releases_the_float64_theta_it_replaces(float32_exact):
-    """Within ``parameters_moved_to`` the model holds the moved tensors and θ's float64 storage of every replaced
-    parameter is released (θ kept as float32 where that is exact; a float64 θ that float32 cannot hold is kept as
-    it is); on exit the model and the dict hold θ again, bit for bit, and the unreplaced tensors were never copied."""
+def test_parameters_moved_to_releases_the_theta_it_replaces(float32_exact, tmp_path, monkeypatch):
+    """Within ``parameters_moved_to`` the model holds the moved tensors and θ's storage of every replaced parameter
+    is released (θ waits in an anonymous temporary file; the dict holds storage-less meta tensors); on exit the model
+    and the dict hold θ again, bit for bit, in the same tensor objects, the unreplaced tensors were never copied,
+    and nothing is left in the temporary directory (with θ float32-exact or not)."""
     import gc
+    import tempfile
     from torch.multiprocessing.reductions import StorageWeakRef
     from geosharp_ref.verification.orbits import parameters_moved_to
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     model, _ = _llama_case()
     if not float32_exact:
         with torch.no_grad():
@@ -99,15 +102,34 @@ def test_parameters_moved_to_releases_the_float64_theta_it_replaces(float32_exac
     moved = {n: (3 * t if i % 2 else t) for i, (n, t) in enumerate(theta.items())}
     replaced = [n for i, n in enumerate(names) if i % 2]
     storage = {n: StorageWeakRef(theta[n].untyped_storage()) for n in names}
+    objects = dict(theta)
     with parameters_moved_to(model, theta, moved):
         gc.collect()
         for n, p in model.named_parameters():
             assert p.data_ptr() == moved[n].data_ptr()
-        assert all(storage[n].expired() == float32_exact for n in replaced)  # float64 θ released only if exact
+        assert all(storage[n].expired() for n in replaced)
         assert not any(storage[n].expired() for n in names if n not in replaced)  # shared, not copied
-        assert all(theta[n].dtype == (torch.float32 if float32_exact else DT) for n in replaced)
+        assert all(theta[n].is_meta and theta[n].shape == before[n].shape for n in replaced)
     for n, p in model.named_parameters():
         assert p.dtype == DT and torch.equal(p, before[n]) and p.data_ptr() == theta[n].data_ptr()
+        assert theta[n] is objects[n]  # the same tensor objects, θ's values back in them
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_parameters_moved_to_restores_theta_when_the_block_raises(tmp_path, monkeypatch):
+    """An exception inside the block still gives the model and the dict θ back, bit for bit."""
+    import tempfile
+    from geosharp_ref.verification.orbits import parameters_moved_to
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    model, _ = _llama_case()
+    theta = {n: p.detach() for n, p in model.named_parameters()}
+    before = {n: t.clone() for n, t in theta.items()}
+    with pytest.raises(RuntimeError, match="inside"):
+        with parameters_moved_to(model, theta, {n: 2 * t for n, t in theta.items()}):
+            raise RuntimeError("inside")
+    for n, p in model.named_parameters():
+        assert torch.equal(p, before[n]) and torch.equal(theta[n], before[n])
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_orbit_invariance_measures_moved_points_without_the_float64_theta_they_replace(monkeypatch):

@@ -1,0 +1,110 @@
+"""Park tensors' memory in an anonymous temporary file while they are not needed (memory-bound runs).
+
+:func:`park` writes the bytes of the storages under the given tensors to a temporary file that has no name
+(``tempfile.TemporaryFile``: nothing is left behind, also when the process dies) and points every one of those
+tensor objects at an empty storage (``Tensor.set_()``: shape ``(0,)``), so the memory is freed as soon as no
+other tensor shares it, while the objects stay — and with them everything that refers to them: lists,
+dictionaries, a space's per-vector state. :meth:`Parked.restore` reads the bytes back into a new storage per old
+one and points each object at it with its old offset, shape and strides: the same objects hold exactly their old
+values (bit for bit, at new addresses; tensors that shared a storage share one again).
+
+Parking never loses values: a tensor not passed in that shares a parked storage (a view made earlier) keeps
+that storage alive and unchanged (memory is then not saved), and when the file cannot be written (e.g. a full
+disk) nothing is parked. Every byte goes through one host buffer of :data:`CHUNK_BYTES` (exporting the storage
+itself to numpy would pin it; on an accelerator the copy to the host is needed anyway). Used by Auto-PGD for an
+older best point (:func:`geosharp_ref.apgd.apgd`) and by ``geosharp verify`` for θ while a moved orbit point is
+measured (:func:`geosharp_ref.verification.orbits.parameters_moved_to`).
+"""
+from __future__ import annotations
+
+import tempfile
+
+import torch
+
+__all__ = ["Parked", "park", "CHUNK_BYTES"]
+
+#: size of the host buffer every parked byte passes through
+CHUNK_BYTES = 64 << 20
+
+
+def _bytes_of(storage) -> torch.Tensor:
+    """A uint8 tensor over the whole ``storage`` (no copy)."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+def _chunks(view: torch.Tensor):
+    for start in range(0, view.numel(), CHUNK_BYTES):
+        yield view[start:start + CHUNK_BYTES]
+
+
+class Parked:
+    """Tensors whose storages wait in an anonymous temporary file (see the module doc); :meth:`restore` once."""
+
+    def __init__(self, file, groups):
+        # groups: [(offset in the file, nbytes, device, [(tensor, storage_offset, size, stride)])]
+        self._file, self._groups = file, groups
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes written (0 when nothing was parked)."""
+        return sum(n for _, n, _, _ in self._groups)
+
+    def restore(self) -> None:
+        """Point every parked tensor at its old values again (a new storage per old one, read from the file)."""
+        if self._file is None:
+            return
+        try:
+            stage = torch.empty(min(CHUNK_BYTES, max(n for _, n, _, _ in self._groups)), dtype=torch.uint8)
+            for offset, nbytes, device, views in self._groups:
+                storage = torch.empty(nbytes, dtype=torch.uint8, device=device).untyped_storage()
+                self._file.seek(offset)
+                for part in _chunks(_bytes_of(storage)):
+                    host = stage[:part.numel()]
+                    if self._file.readinto(memoryview(host.numpy())) != part.numel():
+                        raise OSError("parking: the temporary file was truncated")
+                    part.copy_(host)
+                with torch.no_grad():
+                    for t, storage_offset, size, stride in views:
+                        t.set_(storage, storage_offset, size, stride)
+        finally:
+            self.discard()
+
+    def discard(self) -> None:
+        """Close the file without restoring (the parked tensors stay empty)."""
+        if self._file is not None:
+            self._file.close()
+        self._file, self._groups = None, []
+
+
+def park(tensors) -> Parked:
+    """Write the storages under ``tensors`` (an iterable; None entries skipped, each object once) to an anonymous
+    temporary file and empty the tensors; returns the :class:`Parked` handle that restores them."""
+    by_storage, seen = {}, set()
+    for t in tensors:
+        if t is None or id(t) in seen or t.untyped_storage().nbytes() == 0:
+            continue
+        seen.add(id(t))
+        s = t.untyped_storage()
+        entry = by_storage.setdefault((s.device, s.data_ptr()), (s, []))
+        entry[1].append((t, t.storage_offset(), tuple(t.shape), t.stride()))
+    if not by_storage:
+        return Parked(None, [])
+    file, groups = tempfile.TemporaryFile(), []
+    try:
+        stage = torch.empty(min(CHUNK_BYTES, max(s.nbytes() for s, _ in by_storage.values())), dtype=torch.uint8)
+        for s, views in by_storage.values():
+            offset = file.tell()
+            for part in _chunks(_bytes_of(s)):
+                host = stage[:part.numel()]
+                host.copy_(part)
+                file.write(memoryview(host.numpy()))
+            groups.append((offset, s.nbytes(), s.device, views))
+        file.flush()
+    except OSError:  # nothing is emptied before every byte is written
+        file.close()
+        return Parked(None, [])
+    with torch.no_grad():
+        for _, _, _, views in groups:
+            for t, *_ in views:
+                t.set_()
+    return Parked(file, groups)

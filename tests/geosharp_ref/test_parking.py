@@ -1,0 +1,118 @@
+"""Parking tensors in an anonymous temporary file (geosharp_ref.parking): values back bit for bit in the same
+objects, the memory freed meanwhile, nothing left behind, nothing lost when parking cannot help."""
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, strategies as st
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from geosharp_ref import parking
+from geosharp_ref.parking import park
+
+
+@pytest.fixture
+def tmpdir_only(tmp_path, monkeypatch):
+    """Temporary files go to an empty directory the test can inspect."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+def _snapshot(ts):
+    return [(t.clone(), t.shape, t.stride(), t.storage_offset(), t.dtype) for t in ts]
+
+
+def _bits(t):
+    return t.contiguous().view(torch.uint8)
+
+
+def _assert_restored(ts, snap):
+    for t, (v, shape, stride, offset, dtype) in zip(ts, snap):
+        assert (t.shape, t.stride(), t.storage_offset(), t.dtype) == (shape, stride, offset, dtype)
+        assert torch.equal(_bits(t), _bits(v))  # bit patterns (a NaN payload included)
+
+
+def test_park_frees_the_storages_and_restore_gives_the_same_objects_their_bits_back(tmpdir_only):
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(300, 70, generator=g, dtype=torch.float64)
+    a[0, 0] = float("nan")  # bit patterns, not values, are compared below
+    b = a[5:9].mT  # a view of a's storage, passed as well: one storage, written once
+    c = torch.randn(7, generator=g).to(torch.bfloat16)
+    d = torch.empty_strided((4, 3), (1, 4), dtype=torch.int64).copy_(torch.arange(12).reshape(4, 3))  # strided
+    ts = [a, b, c, d]
+    snap = _snapshot(ts)
+    refs = [StorageWeakRef(t.untyped_storage()) for t in (a, c, d)]
+    handle = park(ts + [None, a])  # None skipped, a repeated once
+    assert handle.nbytes == 300 * 70 * 8 + 7 * 2 + 12 * 8
+    assert all(r.expired() for r in refs)  # the memory is gone while parked
+    assert all(t.numel() == 0 for t in ts)
+    assert len(list(tmpdir_only.iterdir())) == 0  # the file has no name
+    handle.restore()
+    _assert_restored(ts, snap)
+    assert b.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()  # views share one storage again
+    handle.restore()  # a spent handle does nothing
+    assert list(tmpdir_only.iterdir()) == []
+
+
+def test_a_view_not_passed_keeps_its_storage_and_values(tmpdir_only):
+    a = torch.randn(1000, dtype=torch.float64)
+    outside = a[100:200]
+    expected = outside.clone()
+    handle = park([a])
+    assert torch.equal(outside, expected)  # still readable: the storage lives on through the view
+    handle.restore()
+    assert torch.equal(a[100:200], expected) and torch.equal(outside, expected)
+
+
+def test_nothing_is_parked_when_the_file_cannot_be_written(tmpdir_only, monkeypatch):
+    class Full:
+        def __init__(self):
+            self.closed = False
+
+        def tell(self):
+            return 0
+
+        def write(self, data):
+            raise OSError(28, "No space left on device")
+
+        def close(self):
+            self.closed = True
+    full = Full()
+    monkeypatch.setattr(parking.tempfile, "TemporaryFile", lambda: full)
+    a = torch.randn(50, dtype=torch.float64)
+    expected = a.clone()
+    handle = park([a])
+    assert handle.nbytes == 0 and torch.equal(a, expected) and full.closed
+    handle.restore()
+    assert torch.equal(a, expected)
+
+
+def test_discard_drops_the_values_and_the_file(tmpdir_only):
+    a = torch.randn(64)
+    handle = park([a])
+    handle.discard()
+    assert a.numel() == 0 and handle.nbytes == 0
+    handle.restore()  # nothing to restore any more
+    assert a.numel() == 0
+
+
+@given(sizes=st.lists(st.integers(0, 3000), min_size=1, max_size=5),
+       dtype=st.sampled_from([torch.float64, torch.float32, torch.float16, torch.int32]),
+       chunk=st.sampled_from([7, 4096, 1 << 20]), seed=st.integers(0, 2**16))
+def test_round_trip_over_chunk_sizes(sizes, dtype, chunk, seed):
+    """Every byte passes through a host buffer of CHUNK_BYTES: storages smaller, equal to and many times larger
+    than it come back bit for bit (empty tensors are left alone)."""
+    old = parking.CHUNK_BYTES
+    parking.CHUNK_BYTES = chunk
+    try:
+        g = torch.Generator().manual_seed(seed)
+        ts = [(torch.randn(n, generator=g, dtype=torch.float64) * 100).to(dtype) for n in sizes]
+        expected = [np.frombuffer(t.numpy().tobytes(), dtype=np.uint8).copy() for t in ts]
+        handle = park(ts)
+        assert handle.nbytes == sum(e.size for e in expected)
+        handle.restore()
+        for t, e in zip(ts, expected):
+            assert np.array_equal(np.frombuffer(t.numpy().tobytes(), dtype=np.uint8), e)
+    finally:
+        parking.CHUNK_BYTES = old
