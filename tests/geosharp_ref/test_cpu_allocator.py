@@ -76,3 +76,39 @@ def test_return_freed_memory_gives_freed_tensors_back_to_the_system():
     assert full - after > 150 * mib, (full, after)
     full, after = run("keep")
     assert full - after < 20 * mib, (full, after)
+
+
+HOLES_CHILD = r"""
+import json, sys, time, torch
+torch.set_num_threads(1)
+from geosharp_ref.cpu_allocator import return_freed_memory, trim_freed_memory
+def rss():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) // 1024
+mode = sys.argv[1]
+assert return_freed_memory(trim_every=0.05 if mode == "thread" else None)
+short, kept = [], []
+for _ in range(400):  # 512 KiB blocks (below the 1 MiB mmap threshold: from the heap), each followed by a small
+    short.append(torch.ones(128 * 1024))  # block that stays alive, so the freed ones are holes, not the heap's top
+    kept.append(torch.ones(4096))
+before = rss()
+short.clear()
+if mode == "trim":
+    trim_freed_memory()
+time.sleep(0.5)
+print(json.dumps(before - rss()))
+"""
+
+
+@pytest.mark.skipif(_glibc() is None, reason="glibc only")
+def test_trimming_returns_the_holes_inside_the_heap():
+    """return_freed_memory maps only requests from 1 MiB up: 200 MiB of freed 512 KiB blocks between live small ones
+    stay resident (holes inside the heap, not its top) until malloc_trim returns them — called directly
+    (trim_freed_memory) or by return_freed_memory's daemon thread."""
+    def freed(mode):
+        out = subprocess.run([sys.executable, "-c", HOLES_CHILD, mode], capture_output=True, text=True, cwd=ROOT,
+                             env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+                             check=True).stdout
+        return json.loads(out.strip().splitlines()[-1])
+    assert freed("none") < 40
+    assert freed("trim") > 150
+    assert freed("thread") > 150
