@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from ..apgd import combine, radial_clip
 from ..geometry import AdaptiveGeometry
@@ -388,6 +389,7 @@ class _InsertNode(torch.autograd.Function):
         return tuple(out)
 
     @staticmethod
+    @once_differentiable  # E(ξ) is computed without autograd: the gradient is first order only
     def backward(ctx, *grad_w):
         info, slots = ctx.info, ctx.saved_tensors
         names, n = info["names"], info["n_slots"]
