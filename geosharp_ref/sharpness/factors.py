@@ -36,8 +36,8 @@ the Gram products of the vector with the base point there, carried by
 
 * ``zeros()``, ``random(generator)`` (unprojected), ``project(xi)``;
 * ``inner(xi, eta, state=None)`` — g_k(ξ, η) summed over the groups (``state``: ξ's, given when ξ is η);
-* ``forward(xi, state) -> (E blocks, forward state)`` — E_k(ξ) without autograd (they enter the model as
-  leaves, so the backward pass stops at ū_k);
+* ``forward(xi, state) -> (E blocks, forward state)`` — E_k(ξ) without autograd (inserted into the weights by
+  nodes whose backward is the insert's adjoint, so the backward pass stops at ū_k);
 * ``ascent(xi, cot, forward_state) -> (d, d's state, g(d, d), g(ξ, d))`` — the ascent direction with its two
   pairings (for ``metric_norm`` they are ⟨d, ∇⟩_F and ⟨ξ, ∇⟩_F with ∇ = (∂E/∂ξ)ᵀ ū: g(ξ, P𝔾⁻¹∇) = ⟨ξ, ∇⟩_F
   for horizontal ξ; for the Frobenius ablation they are computed with ⟨·,·⟩_F);
