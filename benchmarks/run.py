@@ -20,6 +20,8 @@ median [min–max] over repetitions. Cases:
 6. (CUDA only) a full geodesic-sharpness evaluation of a ViT-B/32-sized model, 2048 inputs;
 7. exact (RK4) vs second-order geodesic sharpness, one Auto-PGD iteration (``benchmarks/geodesic_cases.py``).
 8. one Hessian-vector product on the quotient vs Euclidean, and HVP / gradient (``benchmarks/curvature_cases.py``).
+9. padded text in length buckets vs the plain padded batch, one Auto-PGD iteration's model work on the tweets
+   population's batch (``benchmarks/length_bucket_cases.py``).
 
 This file is the command line; the timing machinery is in ``benchmarks/harness.py``, the cases in
 ``benchmarks/cases.py`` and ``benchmarks/geometry_cases.py``, the report in ``benchmarks/report.py``.
@@ -43,6 +45,7 @@ from benchmarks.cases import (case_cuda_full, case_derive, case_iteration, case_
                               case_memory, memory_child)
 from benchmarks.geodesic_cases import case_geodesic, render_geodesic  # noqa: E402
 from benchmarks.curvature_cases import case_curvature, render_curvature  # noqa: E402
+from benchmarks.length_bucket_cases import case_length_buckets, render_length_buckets  # noqa: E402
 from benchmarks.geometry_cases import case_geometry, case_kernels  # noqa: E402
 from benchmarks.harness import machine_info  # noqa: E402
 from benchmarks.report import render  # noqa: E402
@@ -56,9 +59,9 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=None, help="markdown output (default: RESULTS.md, "
                                                             "or a temp file with --quick)")
     ap.add_argument("--cases", default="iteration,iteration-llama,geometry,kernels,derive,memory,cuda,geodesic,"
-                                       "curvature",
+                                       "curvature,length-buckets",
                     help="comma-separated: iteration, iteration-llama, geometry, kernels, derive, memory, cuda, "
-                         "geodesic, curvature")
+                         "geodesic, curvature, length-buckets")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--json", type=Path, default=None, help="also write the raw results as JSON")
@@ -102,12 +105,15 @@ def main(argv=None):
         run("cuda", case_cuda_full, q, device)
     run("geodesic", case_geodesic, q, device, a.reps or (2 if q else 3))
     run("curvature", case_curvature, q, device, a.reps or (2 if q else 3))
-    text = render(info, {k: v for k, v in res.items() if k not in ("geodesic", "curvature")}, q,
-                  time.perf_counter() - t0)
+    run("length-buckets", case_length_buckets, q, device, a.reps or (2 if q else 3))
+    own = ("geodesic", "curvature", "length-buckets")  # cases that render their own sections
+    text = render(info, {k: v for k, v in res.items() if k not in own}, q, time.perf_counter() - t0)
     if "geodesic" in res:  # case 7 (benchmarks/geodesic_cases.py) renders its own section
         text += "\n\n" + render_geodesic(res["geodesic"])
     if "curvature" in res:  # case 8 (benchmarks/curvature_cases.py) renders its own section
         text += "\n\n" + render_curvature(res["curvature"])
+    if "length-buckets" in res:  # case 9 (benchmarks/length_bucket_cases.py)
+        text += "\n\n" + render_length_buckets(res["length-buckets"])
     print(text)
     out = a.out or (Path(tempfile.mkdtemp(prefix="geosharp-bench-")) / "RESULTS.md" if q else RESULTS)
     out.write_text(text + "\n")

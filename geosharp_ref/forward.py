@@ -5,8 +5,14 @@ ever modified).
 ``torch.func.functional_call`` (inputs: a tensor passed positionally, or a dict passed as keyword
 arguments), takes its logits (``.logits`` if present, the first element of a tuple, or the output)
 and applies ``loss_fn`` (default: mean cross-entropy over all positions).
+
+A batch may also be a :class:`LengthBuckets` (the fast path for padded text, :func:`length_buckets`):
+``model_loss`` then evaluates its groups of similar length, each cut to its longest row, and weights their
+losses by their share of the counted targets, which is the plain pair's mean cross-entropy up to round-off.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -15,7 +21,7 @@ from torch.func import functional_call
 from .precision import keep_float64
 
 __all__ = ["IGNORE_INDEX", "model_logits", "check_targets", "default_loss", "call_model", "model_loss", "to_device",
-           "check_finite_batch", "float64_inputs",
+           "check_finite_batch", "float64_inputs", "LengthBuckets", "length_buckets", "padded_extent",
            "batch_to_device", "model_device"]
 
 
@@ -80,6 +86,10 @@ def call_model(model, params, inputs):
 
 
 def model_loss(model, params, batch, loss_fn=default_loss):
+    """``loss_fn(logits of model at params on inputs, targets)`` for a batch ``(inputs, targets)``; for a
+    :class:`LengthBuckets` Σ_k w_k · (the same on group k)."""
+    if isinstance(batch, LengthBuckets):
+        return sum(w * model_loss(model, params, group, loss_fn) for w, group in zip(batch.weights, batch.groups))
     inputs, targets = batch
     return loss_fn(model_logits(call_model(model, params, inputs)), targets)
 
@@ -130,3 +140,75 @@ def float64_inputs(inputs):
     def cast(x):
         return x.to(torch.float64) if torch.is_tensor(x) and x.is_floating_point() else x
     return {k: cast(v) for k, v in inputs.items()} if isinstance(inputs, dict) else cast(inputs)
+
+
+# ------------------------------------------------------------------------------------------------
+# Length buckets: padded text evaluated in groups of similar length (the fast path of model_loss)
+# ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LengthBuckets:
+    """One batch of N padded sequences as K groups of rows of similar length, each cut to its longest row.
+
+    ``groups``: K ``(inputs, targets)`` pairs (rows sorted by :func:`padded_extent`, then split into K runs of
+    ⌈N/K⌉ or ⌊N/K⌋ rows; every tensor of shape (n, L, …) cut to the group's extent ℓ_k); ``weights``: w_k =
+    c_k / c, the group's share of the counted targets (those not :data:`IGNORE_INDEX`), so that
+    Σ_k w_k L_k is the whole batch's mean cross-entropy; ``rows``: the batch's row indices of each group.
+
+    With right padding and a model whose real positions ignore the padded ones (masked attention, positions
+    counted from the left), the loss equals the plain batch's up to round-off, at Σ_k n_k ℓ_k instead of N·L
+    token evaluations."""
+
+    groups: tuple
+    weights: tuple
+    rows: tuple
+
+    @property
+    def tokens(self) -> int:
+        """Σ_k n_k ℓ_k: the token positions evaluated (N·L for the plain batch)."""
+        return sum(int(r.numel()) * int(g[0]["attention_mask"].shape[1]) for r, g in zip(self.rows, self.groups))
+
+
+def padded_extent(inputs: dict, targets=None) -> torch.Tensor:
+    """Per row, 1 + the last position that is real (``attention_mask`` ≠ 0) or scored (a per-position target
+    that is not :data:`IGNORE_INDEX`): the row's length without its right padding, shape (N,) long."""
+    mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None
+    if not torch.is_tensor(mask) or mask.dim() != 2:
+        raise ValueError("length buckets need padded text: a dict of inputs with an attention_mask of shape "
+                         "(batch, length); this batch has none (leave length buckets off)")
+    positions = torch.arange(1, mask.shape[1] + 1, device=mask.device)
+    used = mask != 0
+    if torch.is_tensor(targets) and tuple(targets.shape) == tuple(mask.shape):
+        used = used | (targets != IGNORE_INDEX)
+    return (used * positions).amax(dim=1)
+
+
+def _take(x, rows, n: int, length: int, width: int):
+    """``x`` restricted to ``rows`` (tensors whose first dimension is the batch's ``n``) and cut to ``width``
+    positions (tensors of shape (n, length, …))."""
+    if isinstance(x, dict):
+        return {k: _take(v, rows, n, length, width) for k, v in x.items()}
+    if not torch.is_tensor(x) or x.dim() == 0 or x.shape[0] != n:
+        return x
+    x = x[rows]
+    return x[:, :width] if x.dim() >= 2 and x.shape[1] == length else x
+
+
+def length_buckets(batch, k: int) -> LengthBuckets:
+    """``batch = (inputs, targets)`` (inputs a dict with ``attention_mask`` (N, L)) as at most ``k`` groups of
+    similar length (see :class:`LengthBuckets`; ``k`` ≥ 1, at most N groups; ``k`` = 1 only cuts the common
+    right padding)."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"the number of length buckets must be an integer of at least 1, got {k!r}")
+    inputs, targets = batch
+    extent = padded_extent(inputs, targets)
+    n, length = inputs["attention_mask"].shape
+    order = torch.argsort(extent, stable=True)
+    rows = tuple(r for r in order.tensor_split(min(k, n)) if r.numel())
+    groups = tuple((_take(inputs, r, n, length, max(int(extent[r].max()), 1)),
+                    _take(targets, r, n, length, max(int(extent[r].max()), 1))) for r in rows)
+    counted = [int((g[1] != IGNORE_INDEX).sum()) if torch.is_tensor(g[1]) and not g[1].is_floating_point()
+               else int(r.numel()) for g, r in zip(groups, rows)]
+    total = sum(counted)
+    weights = tuple(c / total for c in counted) if total else tuple(int(r.numel()) / n for r in rows)
+    return LengthBuckets(groups=groups, weights=weights, rows=rows)

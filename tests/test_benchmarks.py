@@ -26,7 +26,8 @@ def test_bench_quick_runs_and_writes_report(tmp_path):
     before = results.read_bytes() if results.exists() else None
     out = tmp_path / "quick.md"
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--device", "cpu",
-                        "--cases", "iteration,iteration-llama,geometry,kernels,memory,cuda", "--out", str(out)],
+                        "--cases", "iteration,iteration-llama,geometry,kernels,memory,cuda,length-buckets", "--out",
+                        str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     text = out.read_text()
@@ -35,7 +36,8 @@ def test_bench_quick_runs_and_writes_report(tmp_path):
                     "page faults per iteration", "first runs 0 untimed iterations", "The generic path",
                     "generic/adaptive (≤ 1.25)", "all/adaptive (≤ 1.5)", "(+ classifier.weight:translation)",
                     "1c. One Auto-PGD iteration on a Llama-shaped decoder", "all/adaptive (≤ 1.25)",
-                    "2 × vo, 2 × qk, 2 × gated-units, 1 × translation"):
+                    "2 × vo, 2 × qk, 2 × gated-units, 1 × translation",
+                    "9. Length buckets", "| mix | 16 |"):
         assert section in text
     assert (results.read_bytes() if results.exists() else None) == before
 

@@ -82,7 +82,7 @@ def run(args) -> int:
         metric=None if args.metric == "adaptive" else geodesic_metric, n_iter=args.iters, eps=args.eps,
         geodesic_correction=not args.no_geodesic_correction, metric_norm=not args.no_metric_norm,
         gradient=args.gradient, seed=args.seed, dtype=torch.float64 if args.float64 else None, progress=True,
-        geodesic=args.geodesic, steps=args.steps)
+        geodesic=args.geodesic, steps=args.steps, length_buckets=args.length_buckets)
     if args.geodesic == "exact" and args.metric == "adaptive":
         raise ValueError("--geodesic exact integrates the geodesics of a quotient metric: use --metric inv or mix")
     if args.average_case and args.samples < 2:
@@ -117,7 +117,7 @@ def run(args) -> int:
                     model, on, rho, metric=options.metric, n_samples=args.samples, distribution=args.distribution
                     or ("gaussian" if options.metric is None else "sphere"), geodesic=args.geodesic,
                     steps=args.steps, seed=args.seed, symmetry_map=smap, symmetries=symmetries, eps=args.eps,
-                    dtype=options.dtype, progress=progress)
+                    dtype=options.dtype, progress=progress, length_buckets=args.length_buckets)
             return evaluate(model, on, rho, replace(options, progress=progress), smap=smap, symmetries=symmetries)
 
     rho = args.rho
@@ -261,8 +261,10 @@ def run_measure(args) -> int:
     EvaluationOptions(metric=m.metric, linearised=m.linearised, n_iter=args.iters or 20, eps=args.eps or 0.0,
                       geodesic_correction=m.geodesic_correction, metric_norm=m.metric_norm,
                       gradient=args.gradient or "exact", seed=args.seed, dtype=dtype, geodesic=m.geodesic,
-                      steps=args.steps)  # the library's checks, once, before anything is loaded
-    options = dict(seed=args.seed, dtype=dtype, progress=True)
+                      steps=args.steps, length_buckets=args.length_buckets)  # the library's checks, once,
+    options = dict(seed=args.seed, dtype=dtype, progress=True)   # before anything is loaded
+    if args.length_buckets is not None:
+        options["length_buckets"] = args.length_buckets
     for key, value in (("n_iter", args.iters), ("eps", args.eps), ("gradient", args.gradient),
                        ("steps", args.steps), ("n_samples", args.samples)):
         if value is not None:  # given, so it applies (measure_refusal); otherwise the library's default

@@ -109,6 +109,7 @@ def _add_evaluate(sub):
     p.add_argument("--batches", type=int, metavar="N", help="number of batches (default: all full batches)")
     p.add_argument("--batch-size", type=int, default=32, metavar="B", help="examples per batch (default 32)")
     p.add_argument("--iters", type=int, default=None, metavar="K", help="Auto-PGD iterations per batch (default 20)")
+    _length_buckets_option(p)
     p.add_argument("--eps", type=float, default=None,
                    help="Gram relaxation XᵀX + εI for rank-deficient heads (geodesic only; default 0)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
@@ -324,6 +325,14 @@ def _population_evaluation_options(p, study=False):
                         f"the smallest training set)")
     p.add_argument("--iters", type=int, default=None if study else 20, metavar="K",
                    help=f"Auto-PGD iterations (default {task_default}20)")
+    _length_buckets_option(p, f"default {task_default}none")
+
+
+def _length_buckets_option(p, default="default none"):
+    p.add_argument("--length-buckets", type=int, default=None, metavar="K",
+                   help="padded text: evaluate each batch as K groups of similar length, each cut to its longest "
+                        "row (the same loss up to round-off, fewer token evaluations; refused where the model's "
+                        f"real positions see the padding; {default})")
 
 
 def _add_population(sub):
@@ -377,6 +386,8 @@ def _add_population(sub):
     cal.add_argument("--probe-rho", type=float, nargs=2, default=[0.01, 0.03], metavar="R",
                      help="the two probe radii of the fit (default 0.01 0.03)")
     cal.add_argument("--iters", type=int, default=10, metavar="K", help="Auto-PGD iterations (default 10)")
+    cal.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    _length_buckets_option(cal)
     cal.add_argument("--no-progress", action="store_true", help="no progress bars")
     i = acts.add_parser("import", help="register a real population from local paths (model-soups CLIP "
                                        "state dicts or Hugging Face checkpoints) for evaluate/correlate")
@@ -395,6 +406,7 @@ def _add_population(sub):
     rel.add_argument("--out", required=True, metavar="DIR", help="population directory")
     rel.add_argument("--splits", type=int, default=200, metavar="N", help="random halvings (default 200)")
     rel.add_argument("--seed", type=int, default=0, help="seed of the halvings (default 0)")
+    rel.add_argument("--threads", type=int, default=1, help="torch threads of the test predictions (default 1)")
     rel.add_argument("--no-progress", action="store_true", help="no progress bars")
     c = acts.add_parser("correlate", help="Kendall τ with bootstrap CIs per measure and ρ; JSON, CSV, PNG, table")
     c.add_argument("--out", required=True, metavar="DIR", help="population directory")

@@ -32,19 +32,23 @@ def check_options(args) -> None:
                        args.workers, min_models=MIN_POPULATION_MODELS if a == "train" else 3)
     if a == "evaluate":
         check_evaluation(args.rho, args.measures, args.batches, args.batch_size, args.iters, args.seed, args.threads,
-                         args.sizes)
+                         args.sizes, length_buckets=args.length_buckets)
     if a == "study":
-        for name, value in (("--batches", args.batches), ("--batch-size", args.batch_size), ("--iters", args.iters)):
+        for name, value in (("--batches", args.batches), ("--batch-size", args.batch_size), ("--iters", args.iters),
+                            ("--length-buckets", args.length_buckets)):
             check_count(name, value, optional=True)
         if args.rho is not None:
             check_evaluation(args.rho, args.measures or ["adaptive"], 1, 1, 1)
         check_sizes("--sizes", args.sizes, optional=True)
     if a == "calibrate":
-        check_calibration(args.sizes, args.models, args.batch_size, args.probe_rho, args.iters)
+        check_calibration(args.sizes, args.models, args.batch_size, args.probe_rho, args.iters,
+                          length_buckets=args.length_buckets)
     if a == "import" and len(args.models) < MIN_POPULATION_MODELS:
         raise ValueError(f"--models names {len(args.models)} model; a population ranks its models, so import at least "
                          f"{MIN_POPULATION_MODELS} (3 for `population correlate`), or measure one model with "
                          f"`geosharp evaluate MODEL_DIR --data FILE`")
+    if a in ("reliability", "calibrate"):
+        check_count("--threads", args.threads)
     if a == "reliability":
         check_count("--splits", args.splits)
         check_seed("--seed", args.seed)
@@ -77,18 +81,20 @@ def run(args) -> int:
             recs = evaluate_population(args.out, rhos=rhos, sizes=sizes, measures=args.measures,
                                        n_batches=args.batches, batch_size=args.batch_size, n_iter=args.iters,
                                        seed=args.seed, threads=args.threads, progress=not args.no_progress,
-                                       tag=args.tag, device=device)
+                                       tag=args.tag, device=device, length_buckets=args.length_buckets)
             if gdist.rank_world()[0] == 0:
                 print(f"{len(recs)} models evaluated -> {Path(args.out) / population_files(args.tag)['results']}")
     elif args.action == "study":
         run_study(args.out, task=args.task, n_models=args.models, seed=args.seed, epochs_max=args.epochs_max,
                   train_size_max=args.train_size_max, workers=args.workers, rhos=args.rho,
                   n_batches=args.batches, batch_size=args.batch_size, n_iter=args.iters, measures=args.measures,
-                  sizes=args.sizes, n_boot=args.bootstrap, progress=not args.no_progress)
+                  sizes=args.sizes, n_boot=args.bootstrap, progress=not args.no_progress,
+                  length_buckets=args.length_buckets)
     elif args.action == "calibrate":
         cal = calibrate_population(args.out, args.sizes, measures=args.measures, models=args.models,
                                    batch_size=args.batch_size, probe_rhos=args.probe_rho, n_iter=args.iters,
-                                   progress=not args.no_progress)
+                                   progress=not args.no_progress, length_buckets=args.length_buckets,
+                                   threads=args.threads)
         for m, rs in cal["grid"].items():
             print(f"{m:>14s}: ρ " + ", ".join(f"{r:g}" for r in rs) + "  (‖Δθ‖/‖θ‖ " +
                   ", ".join(f"{x:g}" for x in cal["settings"]["sizes"]) + f"; slope {cal['fit'][m]['slope']:.2f})")
@@ -99,7 +105,8 @@ def run(args) -> int:
         print(f"{len(man['models'])} models registered in {Path(args.out) / MANIFEST}; next: "
               f"geosharp population evaluate --out {args.out}")
     elif args.action == "reliability":
-        gap_reliability(args.out, splits=args.splits, seed=args.seed, progress=not args.no_progress)
+        gap_reliability(args.out, splits=args.splits, seed=args.seed, progress=not args.no_progress,
+                        threads=args.threads)
     else:
         correlate_population(args.out, n_boot=args.bootstrap, seed=args.seed, plot=not args.no_plot,
                              tag=args.tag, where=parse_where(args.where), color_by=args.color_by)

@@ -55,7 +55,7 @@ from ..forward import default_loss, model_loss
 from .exact_geodesic import ExactGeodesicAt
 from .factors import GenericFactorAt
 from .gl_factor import GLPairFactorAt
-from .pipeline import EvaluationOptions, build_space, check_rho, evaluation_quotient, prepare_inputs
+from .pipeline import EvaluationOptions, bucket_batches, build_space, check_rho, evaluation_quotient, prepare_inputs
 from .result import SharpnessResult, relative_perturbation
 from .space import Tangent
 
@@ -143,7 +143,8 @@ def sample_perturbation(space, rho: float, distribution: str, gen) -> Tangent:
 def average_case_sharpness(model, batches, rho, *, metric=None, n_samples: int = DEFAULT_SAMPLES,
                            distribution: str = "sphere", geodesic: str = "second-order", steps=None, seed: int = 0,
                            symmetry_map=None, symmetries=None, loss_fn=default_loss, eps: float = 0.0, dtype=None,
-                           exclude=(), progress: bool = False, measure=None, **_ignored) -> SharpnessResult:
+                           exclude=(), progress: bool = False, measure=None, length_buckets=None,
+                           **_ignored) -> SharpnessResult:
     """Average-case sharpness E_ξ[L(γ_ξ(1))] − L(θ) (module doc): on the quotient by the attention pairs (and
     ``symmetries``) under ``metric``, or adaptive (``metric=None``; ``distribution="gaussian"`` is
     Andriushchenko et al. 2023's). ``n_samples`` Monte Carlo draws per batch (common random numbers: one
@@ -158,7 +159,7 @@ def average_case_sharpness(model, batches, rho, *, metric=None, n_samples: int =
     if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 2:
         raise ValueError(f"n_samples must be an integer of at least 2 (for a standard error), got {n_samples!r}")
     options = EvaluationOptions(metric=metric, eps=eps, dtype=dtype, exclude=exclude, geodesic=geodesic, steps=steps,
-                                seed=seed)
+                                seed=seed, length_buckets=length_buckets)
     t0 = time.perf_counter()
     params, batches, _, dtype = prepare_inputs(model, batches, options.dtype)
     if dtype != next(model.parameters()).dtype:
@@ -169,12 +170,12 @@ def average_case_sharpness(model, batches, rho, *, metric=None, n_samples: int =
     per, se, before, after, norms, sizes = [], [], [], [], [], []
     was_training = model.training
     model.eval()
-    iterator = batches
     name = measure or ("average-adaptive" if metric is None else f"average-geodesic-{metric}")
-    if progress:
-        from tqdm.auto import tqdm
-        iterator = tqdm(batches, desc=f"{name} sharpness", unit="batch")
     try:
+        iterator = batches = bucket_batches(model, params, batches, length_buckets, loss_fn)
+        if progress:
+            from tqdm.auto import tqdm
+            iterator = tqdm(batches, desc=f"{name} sharpness", unit="batch")
         with torch.no_grad():
             for batch in iterator:
                 l0 = float(model_loss(model, params, batch, loss_fn))
@@ -199,6 +200,8 @@ def average_case_sharpness(model, batches, rho, *, metric=None, n_samples: int =
                   steps=options.steps if geodesic == "exact" else None, seed=seed, eps=eps, dtype=str(dtype),
                   pairs=len(quotient.pairs), standard_error=math.sqrt(sum(s * s for s in se)) / len(se),
                   per_batch_standard_error=se)
+    if length_buckets is not None:
+        config["length_buckets"] = length_buckets
     return SharpnessResult(measure=name, rho=rho, mean=sum(per) / len(per), per_batch=per, loss_before=before,
                            loss_after=after, perturbation_norms=norms, seconds=time.perf_counter() - t0,
                            config=config, relative_size=sizes)

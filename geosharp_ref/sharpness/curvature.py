@@ -35,7 +35,7 @@ import torch
 from ..forward import default_loss, model_loss
 from .hessian import EuclideanHessian, QuotientHessian
 from ..symmetry import Quotient, symmetry_map as build_symmetry_map
-from .pipeline import build_space, prepare_inputs
+from .pipeline import bucket_batches, build_space, check_length_buckets, prepare_inputs
 from .result import SharpnessResult
 
 __all__ = ["TraceEstimate", "Eigenvalues", "CurvatureResult", "hutchinson_trace", "top_eigenvalues", "exact_trace",
@@ -186,18 +186,18 @@ def _losses(model, batches, loss_fn):
 
 
 def hessian_operator(model, batches, geometry: str = "mix", *, symmetries=None, smap=None, loss_fn=default_loss,
-                     eps: float = 0.0, dtype=None, exclude=(), hvp: str = "auto"):
+                     eps: float = 0.0, dtype=None, exclude=(), hvp: str = "auto", length_buckets=None):
     """``(operator, model, params)``: the quotient Hessian (``geometry`` inv/mix; attention pairs of ``smap``,
     default detected, plus ``symmetries``) or the Euclidean one (``"euclidean"``, on the parameters the
     adaptive space perturbs) of the mean loss over ``batches``; the model in eval mode (a float copy when
-    ``dtype`` differs)."""
+    ``dtype`` differs). ``length_buckets`` K: padded text batches in K groups of similar length
+    (:func:`~geosharp_ref.sharpness.pipeline.bucket_batches`)."""
     if geometry not in GEOMETRIES:
         raise ValueError(f"unknown geometry {geometry!r}; choose one of {GEOMETRIES}")
     params, batches, _, dtype = prepare_inputs(model, batches, dtype)
     if dtype != next(model.parameters()).dtype:
         model = copy.deepcopy(model).to(dtype)
     model.eval()
-    losses = _losses(model, batches, loss_fn)
     metric = None if geometry == "euclidean" else geometry
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a model without attention pairs: the quotient is the adaptive space
@@ -208,6 +208,7 @@ def hessian_operator(model, batches, geometry: str = "mix", *, symmetries=None, 
             quotient = Quotient.assemble(params, smap, metric) if symmetries is None else \
                 Quotient.resolve(model, batches[0], metric=metric, symmetries=symmetries, smap=smap)
     space = build_space(params, quotient=quotient, eps=eps, exclude=tuple(exclude))
+    losses = _losses(model, bucket_batches(model, params, batches, length_buckets, loss_fn), loss_fn)
     if metric is None:
         return EuclideanHessian(params, losses, space.adaptive_names, hvp=hvp), model, params
     return QuotientHessian(space, losses, hvp=hvp), model, params
@@ -216,15 +217,16 @@ def hessian_operator(model, batches, geometry: str = "mix", *, symmetries=None, 
 def curvature(model, batches, geometry: str = "mix", *, k: int = 1, probes: int = 16,
               distribution: str = "rademacher", steps: Optional[int] = None, seed: int = 0, symmetries=None,
               smap=None, loss_fn=default_loss, eps: float = 0.0, dtype=None, exclude=(), hvp: str = "auto",
-              progress=None) -> CurvatureResult:
+              progress=None, length_buckets=None) -> CurvatureResult:
     """Hutchinson trace (``probes``) and the ``k`` top eigenvalues (Lanczos, ``steps``) of the Hessian of the
     mean loss over ``batches`` in ``geometry`` (:data:`GEOMETRIES`); ``probes=0`` or ``k=0`` skips one.
-    ``progress``: called after every matvec."""
+    ``progress``: called after every matvec; ``length_buckets``: as in :func:`hessian_operator`."""
+    check_length_buckets(length_buckets)
     t0 = time.perf_counter()
     was_training = model.training
     try:
         op, _, _ = hessian_operator(model, batches, geometry, symmetries=symmetries, smap=smap, loss_fn=loss_fn,
-                                    eps=eps, dtype=dtype, exclude=exclude, hvp=hvp)
+                                    eps=eps, dtype=dtype, exclude=exclude, hvp=hvp, length_buckets=length_buckets)
         gen = torch.Generator().manual_seed(seed)
         trace = hutchinson_trace(op, probes, distribution=distribution, generator=gen, progress=progress) \
             if probes else TraceEstimate(float("nan"), float("nan"))
@@ -243,7 +245,7 @@ def curvature(model, batches, geometry: str = "mix", *, k: int = 1, probes: int 
 def curvature_sharpness(model, batches, rho, *, quantity: str, geometry: str, probes: int = 16, steps=None,
                         symmetry_map=None, symmetries=None, loss_fn=default_loss, seed: int = 0, eps: float = 0.0,
                         dtype=None, exclude=(), measure: Optional[str] = None, progress: bool = False,
-                        **_ignored) -> SharpnessResult:
+                        length_buckets=None, **_ignored) -> SharpnessResult:
     """A curvature quantity per batch as a :class:`SharpnessResult` (what the named measures return):
     ``quantity`` "trace" (Hutchinson, ``probes``; the standard errors in ``config``) or "top-eigenvalue"
     (Lanczos); ``mean`` over the batches (the trace of the mean loss's Hessian; for eigenvalues the mean of
@@ -258,7 +260,7 @@ def curvature_sharpness(model, batches, rho, *, quantity: str, geometry: str, pr
         r = curvature(model, [b], geometry, k=1 if quantity != "trace" else 0,
                       probes=probes if quantity == "trace" else 0, steps=steps, seed=seed + i,
                       symmetries=symmetries, smap=symmetry_map, loss_fn=loss_fn, eps=eps, dtype=dtype,
-                      exclude=exclude)
+                      exclude=exclude, length_buckets=length_buckets)
         per.append(r.trace if quantity == "trace" else r.eigenvalues[0])
         errors.append(r.trace_stderr if quantity == "trace" else r.eigenvalue_errors[0])
         with torch.no_grad():

@@ -30,10 +30,13 @@ __all__ = ["adaptive_sharpness", "geodesic_sharpness", "linearised_sharpness", "
 
 def adaptive_sharpness(model, batches, rho, *, n_iter=20, loss_fn=default_loss, exclude=(),
                        random_start=False, seed=0, dtype=None, offset=0.0, progress=False,
-                       keep_trajectories=False) -> SharpnessResult:
-    """Worst-case L2 adaptive sharpness: max_{‖δ‖₂ ≤ ρ} L(θ + |θ| ⊙ δ) − L(θ), mean over batches."""
+                       keep_trajectories=False, length_buckets=None) -> SharpnessResult:
+    """Worst-case L2 adaptive sharpness: max_{‖δ‖₂ ≤ ρ} L(θ + |θ| ⊙ δ) − L(θ), mean over batches.
+    ``length_buckets`` K: padded text batches evaluated in K groups of similar length (the same loss up to
+    round-off, fewer token evaluations; :func:`~geosharp_ref.forward.length_buckets`)."""
     options = EvaluationOptions(n_iter=n_iter, exclude=exclude, random_start=random_start, seed=seed, dtype=dtype,
-                                adaptive_offset=offset, progress=progress, keep_trajectories=keep_trajectories)
+                                adaptive_offset=offset, progress=progress, keep_trajectories=keep_trajectories,
+                                length_buckets=length_buckets)
     return evaluate(model, batches, rho, options, loss_fn=loss_fn)
 
 
@@ -41,7 +44,7 @@ def geodesic_sharpness(model, batches, rho, *, metric="mix", n_iter=20, loss_fn=
                        eps=0.0, geodesic_correction=True, metric_norm=True, gradient="exact", symmetry_map=None,
                        exclude=(), random_start=False, seed=0, dtype=None, progress=False,
                        keep_trajectories=False, symmetries=None, fast=True, geodesic="second-order",
-                       steps=None) -> SharpnessResult:
+                       steps=None, length_buckets=None) -> SharpnessResult:
     """Geodesic sharpness on the quotient by the model's symmetries (paper Algorithm 1).
 
     ``symmetry_map`` (the attention GL(h) pairs) defaults to :func:`geosharp_ref.symmetry.symmetry_map` of the
@@ -58,20 +61,23 @@ def geodesic_sharpness(model, batches, rho, *, metric="mix", n_iter=20, loss_fn=
     ``geodesic="exact"``: γ_ξ(1) is the geodesic integrated by ``steps`` RK4 steps (default
     :data:`~geosharp_ref.sharpness.exact_geodesic.DEFAULT_STEPS`; :mod:`~geosharp_ref.sharpness.exact_geodesic`)
     instead of θ + ξ + ½γ̈(0); ``result.config["second_order_per_batch"]`` then holds the second-order value
-    at the maximiser found and ``result.config["geodesic_gap"]`` the difference exact − second-order."""
+    at the maximiser found and ``result.config["geodesic_gap"]`` the difference exact − second-order.
+    ``length_buckets``: as in :func:`adaptive_sharpness`."""
     options = EvaluationOptions(metric=metric, n_iter=n_iter, eps=eps, geodesic_correction=geodesic_correction,
                                 metric_norm=metric_norm, gradient=gradient, random_start=random_start, seed=seed,
                                 dtype=dtype, exclude=exclude, fast=fast, progress=progress,
-                                keep_trajectories=keep_trajectories, geodesic=geodesic, steps=steps)
+                                keep_trajectories=keep_trajectories, geodesic=geodesic, steps=steps,
+                                length_buckets=length_buckets)
     return evaluate(model, batches, rho, options, smap=symmetry_map, symmetries=symmetries, loss_fn=loss_fn)
 
 
 def linearised_sharpness(model, batches, rho, *, metric=None, symmetry_map=None, loss_fn=default_loss, eps=0.0,
-                         dtype=None, exclude=(), **_ignored) -> SharpnessResult:
+                         dtype=None, exclude=(), length_buckets=None, **_ignored) -> SharpnessResult:
     """First-order sharpness ρ‖∇L_B(θ)‖_* averaged over batches: adaptive (``metric`` None) or in the
     quotient geometry ``metric`` of the model's GL(h) pairs. One gradient per batch, no Auto-PGD
     (options of the Auto-PGD measures such as ``n_iter`` are accepted and ignored)."""
-    options = EvaluationOptions(metric=metric, linearised=True, eps=eps, dtype=dtype, exclude=exclude)
+    options = EvaluationOptions(metric=metric, linearised=True, eps=eps, dtype=dtype, exclude=exclude,
+                                length_buckets=length_buckets)
     return evaluate(model, batches, rho, options, smap=symmetry_map, loss_fn=loss_fn)
 
 

@@ -3,7 +3,9 @@
 1. :class:`EvaluationOptions` — every option of an evaluation, validated once when it is made (ρ by
    :func:`check_rho`): nothing is computed with an option that would be refused later;
 2. :func:`prepare_inputs` — the batches (pairs, finite, padded text with its mask) and the parameters
-   (finite), moved to the model's device and the evaluation dtype;
+   (finite), moved to the model's device and the evaluation dtype; with ``length_buckets`` K, each padded text
+   batch then becomes a :class:`~geosharp_ref.forward.LengthBuckets` of K groups of similar length
+   (:func:`bucket_batches`, checked at θ against the plain batch: the fast path beside the readable one);
 3. :func:`build_space` — which symmetries are quotiented (:class:`~geosharp_ref.symmetry.Quotient`, the one
    place that decides), as factors (the attention pairs as one fast
    :class:`~geosharp_ref.sharpness.gl_factor.GLPairFactor`, every other binding as a generic
@@ -27,7 +29,7 @@ from typing import Optional
 import torch
 
 from ..apgd import apgd
-from ..forward import check_finite_batch, default_loss, model_loss, to_device
+from ..forward import check_finite_batch, default_loss, length_buckets, model_loss, to_device
 from ..kernels import check_metric
 from ..symmetry import NoAttentionPairsWarning, Quotient, symmetry_map
 from ..symmetry.quotient import bound_binding
@@ -39,7 +41,7 @@ from .result import SharpnessResult, relative_perturbation
 from .space import GRADIENTS, ProductSpace
 
 __all__ = ["EvaluationOptions", "check_rho", "prepare_inputs", "check_padding_mask", "build_space", "evaluate",
-           "gradient_dual_norm", "evaluation_quotient", "binding_factors", "pair_factors", "MAX_RHO", "PAD_RUN", "NO_PAIRS_MESSAGE"]
+           "bucket_batches", "check_length_buckets", "gradient_dual_norm", "evaluation_quotient", "binding_factors", "pair_factors", "MAX_RHO", "PAD_RUN", "NO_PAIRS_MESSAGE"]
 
 #: the largest radius accepted: beyond it the perturbation is larger than the weights themselves
 MAX_RHO = 10.0
@@ -72,7 +74,9 @@ class EvaluationOptions:
     factor generic); ``progress``: a tqdm bar over the batches; ``keep_trajectories``: f at every iterate;
     ``geodesic``/``steps``: γ_ξ(1) second-order or RK4-integrated
     (:mod:`~geosharp_ref.sharpness.exact_geodesic`; the result's config then holds the second-order value at
-    the same maximiser, ``second_order_per_batch``, and ``geodesic_gap`` = exact − second-order per batch)."""
+    the same maximiser, ``second_order_per_batch``, and ``geodesic_gap`` = exact − second-order per batch);
+    ``length_buckets``: None, or K ≥ 1 groups of similar length per padded text batch (:func:`bucket_batches`;
+    the same loss up to round-off at fewer token evaluations)."""
 
     metric: Optional[str] = None
     linearised: bool = False
@@ -92,8 +96,11 @@ class EvaluationOptions:
     #: γ_ξ(1): "second-order" (θ + ξ + ½γ̈(0)) or "exact" (RK4, ``steps`` steps; None: the default)
     geodesic: str = "second-order"
     steps: Optional[int] = None
+    #: padded text batches evaluated as K groups of similar length (None: as given)
+    length_buckets: Optional[int] = None
 
     def __post_init__(self):
+        check_length_buckets(self.length_buckets)
         if self.metric is not None:
             check_metric(self.metric)
         object.__setattr__(self, "steps", check_geodesic(self.geodesic, self.steps))
@@ -146,6 +153,33 @@ def check_padding_mask(model, batches) -> None:
                 raise ValueError(f"batch {i}: input_ids are padded with the model's padding token {pad} but the "
                                  f"inputs have no attention_mask, so the padding would change the result; add the "
                                  f"tokenizer's attention_mask to the inputs (`geosharp data` writes it)")
+
+
+def check_length_buckets(k) -> None:
+    """``k`` is None or an integer ≥ 1 (the number of length buckets)."""
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        raise ValueError(f"length_buckets (--length-buckets) must be an integer of at least 1 (groups of similar "
+                         f"length per batch), got {k!r}")
+
+
+def bucket_batches(model, params, batches, k, loss_fn=default_loss) -> list:
+    """``batches`` (prepared) as :class:`~geosharp_ref.forward.LengthBuckets` of ``k`` groups each (``k`` None:
+    unchanged). Checked once, at ``params`` on the first batch: the bucketed loss must equal the plain one to
+    √ε of the dtype (relative), else the model's real positions see the padding (or ``loss_fn`` is no mean over
+    the targets) and the buckets are refused."""
+    if k is None:
+        return batches
+    bucketed = [length_buckets(b, k) for b in batches]
+    with torch.no_grad():
+        plain = float(model_loss(model, params, batches[0], loss_fn))
+        fast = float(model_loss(model, params, bucketed[0], loss_fn))
+    dtype = next(iter(params.values())).dtype
+    tol = torch.finfo(dtype).eps ** 0.5 if dtype.is_floating_point else 1e-6
+    if not abs(fast - plain) <= tol * max(1.0, abs(plain)):
+        raise ValueError(f"length buckets change the loss of the first batch ({plain:.8g} plain, {fast:.8g} in {k} "
+                         f"buckets): the model's real positions depend on the padding, or the loss is not a mean "
+                         f"over the targets; evaluate without length buckets")
+    return bucketed
 
 
 def prepare_inputs(model, batches, dtype=None):
@@ -278,6 +312,7 @@ def evaluate(model, batches, rho, options: EvaluationOptions = EvaluationOptions
     was_training = model.training
     model.eval()
     try:
+        batches = bucket_batches(model, params, batches, options.length_buckets, loss_fn)
         run = _linearised if options.linearised else _maximised
         out = run(model, space, params, batches, rho, options, loss_fn, name)
     finally:
@@ -300,6 +335,8 @@ def evaluate(model, batches, rho, options: EvaluationOptions = EvaluationOptions
             second = out.pop("second_order")
             config.update(steps=options.steps, second_order_per_batch=second,
                           geodesic_gap=[e - s for e, s in zip(out["per_batch"], second)])
+    if options.length_buckets is not None:
+        config["length_buckets"] = options.length_buckets
     per = out["per_batch"]
     return SharpnessResult(measure=name, rho=rho, mean=sum(per) / len(per), seconds=time.perf_counter() - t0,
                            config=config, **out)

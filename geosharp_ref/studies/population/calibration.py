@@ -35,7 +35,7 @@ from ...io.durable import write_json_atomic
 from ...sharpness.measures import MEASURES as NAMED_MEASURES
 from ...sharpness import get_measure, rho_for_size
 from ...symmetry import symmetry_map as build_symmetry_map
-from .evaluation import MEASURES, load_population_model, rho_key, sharpness_batches
+from .evaluation import MEASURES, check_bucketable, load_population_model, rho_key, sharpness_batches
 from .manifest import read_json_object, read_manifest
 from .options import check_calibration
 
@@ -96,13 +96,14 @@ def read_calibration(out) -> dict:
 
 def calibrate_population(out, sizes, measures=MEASURES, models: int = 3, batch_size: int = 32,
                          probe_rhos=(0.01, 0.03), n_iter: int = 10, seed: int = 0, threads: int | None = 1,
-                         progress: bool = True) -> dict:
+                         progress: bool = True, length_buckets: int | None = None) -> dict:
     """Fit ρ ↦ ‖Δθ‖/‖θ‖ per measure on a few models and write ``calibration.json`` (see the module doc).
+    ``length_buckets`` K (recorded in the settings): padded text evaluated in K groups of similar length.
 
     Returns the calibration. An existing calibration with the same settings is returned unchanged; one
     with other settings is refused (it fixes the protocol of evaluations already run)."""
     out = Path(out)
-    check_calibration(sizes, models, batch_size, probe_rhos, n_iter, seed)
+    check_calibration(sizes, models, batch_size, probe_rhos, n_iter, seed, length_buckets)
     sizes = [float(s) for s in sizes]
     probes = sorted(float(r) for r in probe_rhos)
     measures = [m for m in measures if not m.endswith("-linearised")]
@@ -114,6 +115,8 @@ def calibrate_population(out, sizes, measures=MEASURES, models: int = 3, batch_s
         raise ValueError(f"--models must lie in [1, {len(manifest['models'])}], got {models}")
     settings = dict(sizes=sizes, measures=measures, models=models, batch_size=batch_size, probe_rhos=probes,
                     iters=n_iter, seed=seed, batch="pool[:batch_size] (the first sharpness batch)")
+    if length_buckets is not None:
+        settings["length_buckets"] = int(length_buckets)
     path = out / CALIBRATION
     if path.is_file():
         old = read_calibration(out)
@@ -124,6 +127,7 @@ def calibrate_population(out, sizes, measures=MEASURES, models: int = 3, batch_s
     if threads:
         torch.set_num_threads(threads)
     (batch,) = sharpness_batches(manifest, 1, batch_size, out)
+    check_bucketable([batch], length_buckets)
     from tqdm.auto import tqdm
 
     t0 = time.perf_counter()
@@ -138,7 +142,7 @@ def calibrate_population(out, sizes, measures=MEASURES, models: int = 3, batch_s
         for m in measures:
             meas = NAMED_MEASURES[m]
             for r in probes:
-                res = meas.evaluate(model, [batch], r, n_iter=n_iter, seed=seed,
+                res = meas.evaluate(model, [batch], r, n_iter=n_iter, seed=seed, length_buckets=length_buckets,
                                     **({} if meas.metric is None else {"symmetry_map": smap}))
                 measured[m][rho_key(r)].append(res.relative_size[0])
                 bar.update(1)

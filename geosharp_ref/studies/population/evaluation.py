@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from ... import distributed as gdist
+from ...forward import padded_extent
 from ...io.data import check_inputs_fit, load_data, split_batches
 from ...io.durable import append_line, exclusive_lock, fsync_dir, read_jsonl, write_json_atomic
 from ...io.models import load_model
@@ -81,6 +82,14 @@ def sharpness_batches(manifest, n_batches: int, batch_size: int, root=None):
     return split_batches(inputs, targets, n_batches, batch_size, source)
 
 
+def check_bucketable(batches, length_buckets) -> None:
+    """With ``length_buckets``, every sharpness batch is padded text with its mask (else refused, before any
+    settings are written)."""
+    if length_buckets is not None:
+        for inputs, targets in batches:
+            padded_extent(inputs, targets)
+
+
 def load_population_model(out, entry: dict):
     """Load one manifest entry: a trained model directory, or an imported model (``entry["loader"]``)."""
     if "loader" in entry:
@@ -98,7 +107,8 @@ def measure_grid(measures, rhos) -> dict:
     return {m: [float(r) for r in rhos] for m in measures}
 
 
-def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, seed: int = 0) -> dict:
+def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, seed: int = 0,
+                   length_buckets: int | None = None) -> dict:
     """``{"values": {measure: {rho_key: mean sharpness}}, "per_batch": {measure: {rho_key: [sharpness of each
     batch]}}, "relative_size": {measure: {rho_key: median ‖Δθ‖/‖θ‖ over the batches}}, "loss", "heads"}``
     (deterministic; the mean in ``values`` is the mean of ``per_batch``).
@@ -107,7 +117,8 @@ def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, se
     matched in perturbation size). ``measures`` from :data:`ALL_MEASURES`: ``adaptive``,
     ``geodesic-{inv,mix}``, the ablations ``geodesic-{inv,mix}-first-order`` (no γ̈ correction) and
     ``geodesic-{inv,mix}-frobenius`` (Frobenius norm on the pair components), and the first-order measures
-    ``*-linearised`` (ρ times the dual norm of the gradient; no relative size)."""
+    ``*-linearised`` (ρ times the dual norm of the gradient; no relative size). ``length_buckets`` K: each
+    padded text batch evaluated in K groups of similar length (:func:`geosharp_ref.forward.length_buckets`)."""
     grid = measure_grid(measures, rhos)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -117,7 +128,7 @@ def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, se
         values[measure], per_batch[measure], sizes[measure] = {}, {}, {}
         m = NAMED_MEASURES[measure]
         for rho in grid[measure]:
-            r = m.evaluate(model, batches, rho, n_iter=n_iter, seed=seed,
+            r = m.evaluate(model, batches, rho, n_iter=n_iter, seed=seed, length_buckets=length_buckets,
                            **({} if m.metric is None else {"symmetry_map": smap}))
             values[measure][rho_key(rho)] = r.mean
             per_batch[measure][rho_key(rho)] = [float(v) for v in r.per_batch]
@@ -189,22 +200,24 @@ def _finalize(out: Path, manifest, extra=(), tag: str = "") -> bool:
 
 def evaluate_population(out, rhos=DEFAULT_RHOS, measures=MEASURES, n_batches: int = 4, batch_size: int = 32,
                         n_iter: int = 20, seed: int = 0, threads: int | None = 1, progress: bool = True,
-                        device=None, tag: str = "", sizes=None) -> dict:
+                        device=None, tag: str = "", sizes=None, length_buckets: int | None = None) -> dict:
     """Sharpness of every model of the population in ``out`` (resumable; torch.distributed-aware).
 
     ``rhos`` is one list of radii for every measure, or a grid ``{measure: [radii]}``; with a grid,
     ``sizes`` may name what its columns are matched to (the target relative perturbation sizes of
     :func:`geosharp_ref.studies.population.calibration.calibrate_population`), stored with the settings.
+    ``length_buckets`` K (stored with the settings): padded text evaluated in K groups of similar length.
     Returns ``{model name: record}`` (on every rank, read back from disk after the merge)."""
     out, files = Path(out), population_files(tag)
     check_evaluation(rhos, measures, n_batches, batch_size, n_iter, seed, threads, sizes,
-                     known_measures=ALL_MEASURES)
+                     known_measures=ALL_MEASURES, length_buckets=length_buckets)
     manifest = read_manifest(out)
     rank, world = gdist.rank_world()
     measures = tuple(measures)
-    grid, config = _settings(rhos, measures, n_batches, batch_size, n_iter, seed, sizes)
+    grid, config = _settings(rhos, measures, n_batches, batch_size, n_iter, seed, sizes, length_buckets)
     # everything is read and checked before anything is written: the batches, the results so far, the settings
     batches = sharpness_batches(manifest, n_batches, batch_size, out)
+    check_bucketable(batches, length_buckets)
     read_results(out, tag)
     if world == 1:
         _check_settings(out / files["config"], config, out, files)
@@ -213,10 +226,10 @@ def evaluate_population(out, rhos=DEFAULT_RHOS, measures=MEASURES, n_batches: in
                              f"{f' (tag {tag!r})' if tag else ''}; wait for it to finish (its results are kept "
                              f"and this one would only repeat them), or use another --tag"):
         return _evaluate_population(out, files, manifest, rank, world, grid, config, batches, measures, n_batches,
-                                    batch_size, n_iter, seed, threads, progress, device, tag)
+                                    batch_size, n_iter, seed, threads, progress, device, tag, length_buckets)
 
 
-def _settings(rhos, measures, n_batches, batch_size, n_iter, seed, sizes) -> tuple:
+def _settings(rhos, measures, n_batches, batch_size, n_iter, seed, sizes, length_buckets=None) -> tuple:
     """``(grid, settings)``: the radii per measure and the settings ``evaluation.json`` records."""
     grid = measure_grid(measures, rhos)
     config = dict(measures=list(measures), batches=n_batches, batch_size=batch_size, iters=n_iter, seed=seed,
@@ -230,6 +243,8 @@ def _settings(rhos, measures, n_batches, batch_size, n_iter, seed, sizes) -> tup
             config["sizes"] = [float(x) for x in sizes]
     else:
         config["rhos"] = [rho_key(r) for r in grid[measures[0]]]
+    if length_buckets is not None:
+        config["length_buckets"] = int(length_buckets)
     return grid, config
 
 
@@ -248,7 +263,7 @@ def _check_settings(cpath: Path, config: dict, out: Path, files: dict) -> None:
 
 
 def _evaluate_population(out, files, manifest, rank, world, grid, config, batches, measures, n_batches, batch_size,
-                         n_iter, seed, threads, progress, device, tag):
+                         n_iter, seed, threads, progress, device, tag, length_buckets=None):
     if threads:
         torch.set_num_threads(threads)
     if device is None:
@@ -294,7 +309,7 @@ def _evaluate_population(out, files, manifest, rank, world, grid, config, batche
         for inputs, _ in batches[:1]:  # an imported model and the data file must fit (token ids, lengths)
             check_inputs_fit(model, inputs, f"the sharpness examples of {out} for {m['name']}")
         t0 = time.perf_counter()
-        res = evaluate_model(model, batches, grid, measures, n_iter=n_iter, seed=seed)
+        res = evaluate_model(model, batches, grid, measures, n_iter=n_iter, seed=seed, length_buckets=length_buckets)
         rec = dict(model=m["name"], gap=m["metrics"]["gap"], **res)
         append_line(mine_path, rec)
         new.append(rec)

@@ -83,7 +83,7 @@ def check_training(n_models, seed=0, split_seed=0, epochs_max=None, train_size_m
 
 
 def check_evaluation(rhos, measures, n_batches, batch_size, n_iter, seed=0, threads=None, sizes=None,
-                     known_measures=None) -> None:
+                     known_measures=None, length_buckets=None) -> None:
     """The evaluation options (``geosharp population evaluate``)."""
     measures = list(measures)
     if not measures:
@@ -99,15 +99,17 @@ def check_evaluation(rhos, measures, n_batches, batch_size, n_iter, seed=0, thre
     check_seed("--seed", seed)
     check_count("--threads", threads, optional=True)
     check_sizes("--sizes", sizes, optional=True)
+    check_count("--length-buckets", length_buckets, optional=True)
 
 
-def check_calibration(sizes, models, batch_size, probe_rhos, n_iter, seed=0) -> None:
+def check_calibration(sizes, models, batch_size, probe_rhos, n_iter, seed=0, length_buckets=None) -> None:
     """The calibration options (``geosharp population calibrate``)."""
     check_sizes("--sizes", sizes)
     check_count("--models", models)
     check_count("--batch-size", batch_size)
     check_count("--iters (Auto-PGD iterations, n_iter)", n_iter)
     check_seed("--seed", seed)
+    check_count("--length-buckets", length_buckets, optional=True)
     probes = list(probe_rhos)
     if (len(probes) != 2 or not all(_number(r) and math.isfinite(r) and r > 0 for r in probes)
             or probes[0] == probes[1]):

@@ -9,7 +9,8 @@ the test set, and no sharpness measure can reach a large Kendall τ against it.
 Split-half reliability measures this directly from the models' test predictions:
 
 1. every model predicts the test set once (``test_predictions.jsonl``, one resumable line per model; the
-   error they give must equal the recorded ``test_error``, else the files do not belong together);
+   error they give must equal the recorded ``test_error``, else the files do not belong together), in batches
+   of documents of similar length cut to their longest (:func:`~.training.logits_by_length`);
 2. for each of ``splits`` random halvings of the test documents into A and B (the same halving for every
    model), g^A_i and g^B_i are the gaps measured on each half, and τ_half = τ(g^A, g^B) over the models;
 3. the report gives τ_half (median and 2.5–97.5 % range over the halvings), the Spearman–Brown projection
@@ -36,7 +37,7 @@ from .evaluation import load_population_model
 from .manifest import read_manifest
 from .options import check_count, check_seed
 from .tasks import get_task
-from .training import batched_logits
+from .training import logits_by_length
 
 __all__ = ["predict_test_set", "split_half_gaps", "split_half_reliability", "gap_reliability", "PREDICTIONS", "RELIABILITY"]
 
@@ -72,7 +73,7 @@ def _predictions(out: Path, manifest: dict, split, batch_size: int, threads, pro
 
     for m in tqdm(todo, desc="test predictions", unit="model", disable=not progress or not todo):
         model = load_population_model(out, m).eval()
-        pred = torch.cat([logits.argmax(-1) for _, logits in batched_logits(model, split.test, len(y), batch_size)])
+        pred = logits_by_length(model, split.test, len(y), batch_size).argmax(-1)
         error = float((pred != y).float().mean())
         recorded = m["metrics"]["test_error"]
         if abs(error - recorded) * len(y) > 1.5:
@@ -123,7 +124,8 @@ def split_half_reliability(wrong: np.ndarray, train_error: np.ndarray, splits: i
     return tau_half, [float(x) for x in np.quantile(taus, [0.025, 0.975])], r_full
 
 
-def gap_reliability(out, splits: int = 200, seed: int = 0, progress: bool = True, stream=None) -> dict:
+def gap_reliability(out, splits: int = 200, seed: int = 0, progress: bool = True, stream=None,
+                    threads: int | None = 1) -> dict:
     """Split-half reliability of the population's gaps (see the module doc); writes ``reliability.json``."""
     out = Path(out)
     stream = stream or sys.stdout
@@ -134,7 +136,7 @@ def gap_reliability(out, splits: int = 200, seed: int = 0, progress: bool = True
     if len(names) < 3:  # checked before any prediction is written
         raise ValueError(f"{out} has {len(names)} models; Kendall τ needs at least 3")
     split = _test_split(out, manifest)
-    preds = _predictions(out, manifest, split, 256, 1, progress)
+    preds = _predictions(out, manifest, split, 256, threads, progress)
     y = split.y_test.numpy()
     wrong = np.array([np.asarray(preds[n]) != y for n in names])
     train_error = np.array([m["metrics"]["train_error"] for m in manifest["models"]])

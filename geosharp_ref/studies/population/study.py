@@ -21,7 +21,7 @@ __all__ = ["run_study", "STUDY_DEFAULTS", "study_protocol"]
 #: the evaluation protocol of a study when neither the caller nor the task (``PopulationTask.evaluation``)
 #: sets an item: one ρ sweep for every measure, 4 fixed batches of 32, 20 Auto-PGD iterations
 STUDY_DEFAULTS = dict(rhos=DEFAULT_RHOS, measures=MEASURES, batches=4, batch_size=32, iters=20, sizes=None,
-                      calibration_models=3, probe_rhos=(0.01, 0.03))
+                      calibration_models=3, probe_rhos=(0.01, 0.03), length_buckets=None)
 
 
 def study_protocol(task: PopulationTask, **given) -> dict:
@@ -36,7 +36,8 @@ def study_protocol(task: PopulationTask, **given) -> dict:
 def run_study(out, task: PopulationTask | str = "vision", n_models: int = 32, seed: int = 0,
               epochs_max: int | None = None, train_size_max: int | None = None, workers: int = 2, rhos=None,
               measures=None, n_batches: int | None = None, batch_size: int | None = None, n_iter: int | None = None,
-              sizes=None, n_boot: int = 1000, progress: bool = True, stream=None) -> dict:
+              sizes=None, n_boot: int = 1000, progress: bool = True, stream=None,
+              length_buckets: int | None = None) -> dict:
     """Train (resuming), evaluate (resuming) and correlate a population; returns the correlation result.
 
     The evaluation protocol (radii, measures, batches, iterations, matched sizes) is :func:`study_protocol`:
@@ -46,14 +47,14 @@ def run_study(out, task: PopulationTask | str = "vision", n_models: int = 32, se
     stream = stream or sys.stdout
     ptask = get_task(task) if isinstance(task, str) else task
     proto = study_protocol(ptask, rhos=rhos, measures=measures, batches=n_batches, batch_size=batch_size,
-                           iters=n_iter, sizes=sizes)
+                           iters=n_iter, sizes=sizes, length_buckets=length_buckets)
     # every stage's options are checked before the first one runs (no training for a refused evaluation)
     check_training(n_models, seed, 0, epochs_max, train_size_max, workers, min_models=MIN_STUDY_MODELS)
     check_evaluation(proto["rhos"], proto["measures"], proto["batches"], proto["batch_size"], proto["iters"],
-                     sizes=proto["sizes"] or None, known_measures=ALL_MEASURES)
+                     sizes=proto["sizes"] or None, known_measures=ALL_MEASURES, length_buckets=proto["length_buckets"])
     if proto["sizes"]:
         check_calibration(proto["sizes"], proto["calibration_models"], proto["batch_size"], proto["probe_rhos"],
-                          proto["iters"])
+                          proto["iters"], length_buckets=proto["length_buckets"])
         if proto["calibration_models"] > n_models:
             raise ValueError(f"the protocol calibrates on {proto['calibration_models']} models but --models is "
                              f"{n_models}; train at least {proto['calibration_models']}")
@@ -76,17 +77,19 @@ def run_study(out, task: PopulationTask | str = "vision", n_models: int = 32, se
         if proto["sizes"]:
             cal = calibrate_population(out, proto["sizes"], measures=measures, models=proto["calibration_models"],
                                        batch_size=proto["batch_size"], probe_rhos=proto["probe_rhos"],
-                                       n_iter=proto["iters"], progress=progress)
+                                       n_iter=proto["iters"], progress=progress,
+                                       length_buckets=proto["length_buckets"])
             grid = calibrated_grid(cal, measures)
             print("radii matched in ‖Δθ‖/‖θ‖ " + ", ".join(f"{s:g}" for s in proto["sizes"]) + ": " +
                   "; ".join(f"{m} {', '.join(f'{r:g}' for r in grid[m])}" for m in measures),
                   file=stream, flush=True)
             evaluate_population(out, rhos=grid, sizes=proto["sizes"], measures=measures,
                                 n_batches=proto["batches"], batch_size=proto["batch_size"], n_iter=proto["iters"],
-                                threads=1, progress=progress)
+                                threads=1, progress=progress, length_buckets=proto["length_buckets"])
         else:
             evaluate_population(out, rhos=proto["rhos"], measures=measures, n_batches=proto["batches"],
-                                batch_size=proto["batch_size"], n_iter=proto["iters"], threads=1, progress=progress)
+                                batch_size=proto["batch_size"], n_iter=proto["iters"], threads=1, progress=progress,
+                                length_buckets=proto["length_buckets"])
     finally:
         torch.set_num_threads(threads)
     t2 = time.perf_counter()

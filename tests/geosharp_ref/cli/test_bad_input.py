@@ -1,6 +1,8 @@
 """The bad-input table of docs/reference/errors.md, one test per row: each bad input gives exactly one line
 ``geosharp: error: …`` on stderr, exit code 2, and writes nothing (population rows:
 tests/geosharp_ref/studies/population/test_bad_input.py)."""
+import json
+
 import pytest
 import torch
 
@@ -60,6 +62,21 @@ def test_padded_inputs_without_a_mask(saved, tmp_path, capsys):
     # with the mask the same ids are accepted
     ok = _data(tmp_path, "ok.pt", {"input_ids": ids, "attention_mask": (ids != 0).long()}, torch.tensor([0, 1, 2, 1]))
     assert main([str(a) for a in _evaluate(saved, ok)]) == 0
+
+
+def test_length_buckets_that_cannot_apply(saved, tmp_path, capsys):
+    ids = _ids()
+    plain = _data(tmp_path, "d.pt", {"input_ids": ids}, torch.tensor([0, 1, 2, 1]))
+    out = tmp_path / "r.json"
+    assert "length buckets need padded text" in _run(capsys, _evaluate(saved, plain, "--length-buckets", "2",
+                                                                       "--json", out), out)
+    assert "--length-buckets) must be an integer of at least 1 (groups of similar length per batch), got 0" in _run(
+        capsys, _evaluate(saved, plain, "--length-buckets", "0", "--json", out), out)
+    # padded text with its mask: evaluated in buckets, and the result records them
+    ids[1, 5:] = 0
+    ok = _data(tmp_path, "ok.pt", {"input_ids": ids, "attention_mask": (ids != 0).long()}, torch.tensor([0, 1, 2, 1]))
+    assert main([str(a) for a in _evaluate(saved, ok, "--length-buckets", "2", "--json", out)]) == 0
+    assert json.loads(out.read_text())["config"]["length_buckets"] == 2
 
 
 def test_data_file_of_the_wrong_format(saved, tmp_path, capsys):

@@ -46,6 +46,8 @@ EVALUATE_CASES = {  # option, values, what the line says
     "infinite rho": ("--rho", ["0.01", "inf"], "every radius ρ must be a positive finite number"),
     "zero threads": ("--threads", ["0"], "--threads must be a positive integer, got 0"),
     "more examples than the pool": ("--batches", ["1000"], "1000 batches × 16 = 16000 needed"),
+    "zero length buckets": ("--length-buckets", ["0"], "--length-buckets must be a positive integer, got 0"),
+    "length buckets on images": ("--length-buckets", ["2"], "length buckets need padded text"),
 }
 
 
@@ -74,6 +76,11 @@ OTHER_CASES = {  # argv after `population`, what the line says (OUT is the popul
                                    "--batch-size must be a positive integer"),
     "calibrate: an infinite probe": (["calibrate", "--out", "OUT", "--sizes", "1e-3", "--probe-rho", "0.01", "inf"],
                                      "two distinct positive finite probe radii"),
+    "calibrate: length buckets on images": (["calibrate", "--out", "OUT", "--sizes", "1e-3", "--length-buckets", "2"],
+                                            "length buckets need padded text"),
+    "calibrate: zero threads": (["calibrate", "--out", "OUT", "--sizes", "1e-3", "--threads", "0"],
+                                "--threads must be a positive integer"),
+    "reliability: zero threads": (["reliability", "--out", "OUT", "--threads", "0"], "--threads must be a positive"),
     "train: zero epochs": (["train", "--out", "NEW", "--models", "3", "--epochs-max", "0"],
                            "--epochs-max must be a positive integer"),
     "train: zero training examples": (["train", "--out", "NEW", "--models", "3", "--train-size-max", "0"],

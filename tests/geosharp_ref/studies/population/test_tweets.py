@@ -15,7 +15,7 @@ from geosharp_ref.studies.population.manifest import read_manifest
 from geosharp_ref.studies.population.minilm import checkpoint_dir
 from geosharp_ref.studies.population.tasks import get_task
 from geosharp_ref.studies.population.training import train_population
-from geosharp_ref.studies.population.tweets import (ACCEPTED_STAGE, CORPUS_SHA256, DECLARED_SPACE,
+from geosharp_ref.studies.population.tweets import (ABLATION_PROTOCOL, ACCEPTED_STAGE, CORPUS_SHA256, DECLARED_SPACE,
                                                     EVALUATION_PROTOCOL, PILOT_CORNERS, POOL, RECIPE_SPACE, TWEET_LABELS, TweetsPilotTask, TweetsRecipesTask,
                                                     corpus_file, read_tweets, tweets_split)
 
@@ -166,6 +166,8 @@ def test_protocol_document_states_the_code_constants():
         assert s in text, s
     assert EVALUATION_PROTOCOL["probe_rhos"] == (0.03, 0.3) and DECLARED_SPACE["lr"] == (4e-5, 2e-4)
     assert RECIPE_SPACE["lr"] == (1.6e-4, 2e-4) and "[1.6e-4, 2e-4]" in text
+    assert EVALUATION_PROTOCOL["length_buckets"] == ABLATION_PROTOCOL["length_buckets"] == 8
+    assert text.count("--length-buckets 8") >= 3  # the calibration and both evaluations
 
 
 def test_committed_power_statement_cell_recomputes():
@@ -231,3 +233,35 @@ def test_ablation_contrasts_pair_by_size_not_by_rho(tmp_path):
     assert got["tau_between"] == pytest.approx(kendalltau(full, abl).statistic)
     assert got["median_relative_difference"] == pytest.approx(np.median(np.abs(full - abl) / np.abs(full)))
     assert ablation_contrasts(tmp_path / "nothing") == {} if (tmp_path / "nothing").mkdir() is None else False
+
+
+def test_the_sharpness_script_runs_the_protocols_commands():
+    """docs/tweets/run-sharpness.sh (the resumable sittings after training) parses, and runs the calibration and
+    the two evaluations with the protocol's measures, sizes, points, iterations and length buckets."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    from geosharp_ref.cli.parser import build_parser
+
+    text = (Path(__file__).resolve().parents[4] / "docs" / "tweets" / "run-sharpness.sh").read_text()
+    parser = build_parser()
+    runs = {}
+    for line in text.replace("\\\n", " ").splitlines():
+        m = re.search(r"\bgs (population .*?)( &)?$", line)
+        if m:
+            a = parser.parse_args(shlex.split(m.group(1).replace('"$DIR"', "/pop")))
+            runs[(a.action, getattr(a, "tag", ""))] = a
+    assert list(runs) == [("reliability", ""), ("calibrate", ""), ("evaluate", ""), ("evaluate", "ablations"),
+                          ("correlate", ""), ("correlate", "ablations")]
+    cal, main, abl = runs["calibrate", ""], runs["evaluate", ""], runs["evaluate", "ablations"]
+    assert tuple(cal.sizes) == EVALUATION_PROTOCOL["sizes"] and tuple(cal.probe_rho) == EVALUATION_PROTOCOL["probe_rhos"]
+    assert set(cal.measures) == {m for m in EVALUATION_PROTOCOL["measures"] + ABLATION_PROTOCOL["measures"]
+                                 if not m.endswith("-linearised")}
+    assert tuple(main.measures) == EVALUATION_PROTOCOL["measures"] and tuple(abl.measures) == ABLATION_PROTOCOL["measures"]
+    assert tuple(abl.sizes) == ABLATION_PROTOCOL["sizes"] and main.calibration and abl.calibration
+    for a in (cal, main, abl):
+        assert a.length_buckets == EVALUATION_PROTOCOL["length_buckets"] and a.iters == EVALUATION_PROTOCOL["iters"]
+        assert a.batch_size == EVALUATION_PROTOCOL["batch_size"]
+    assert cal.models == EVALUATION_PROTOCOL["calibration_models"]
+    assert main.batches == abl.batches == EVALUATION_PROTOCOL["batches"]

@@ -1,0 +1,169 @@
+"""Length buckets (geosharp_ref.forward.length_buckets, the fast path of model_loss for padded text) against the
+plain batch (the readable path): the same loss and gradient in float64, for class targets and per-position
+targets; every measure with ``length_buckets`` gives the plain measure's values; a model whose real positions
+see the padding, and a batch without a mask, are refused; inference by length equals batched inference."""
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from geosharp_ref.forward import IGNORE_INDEX, LengthBuckets, length_buckets, model_loss, padded_extent
+from geosharp_ref.sharpness import EvaluationOptions, get_measure
+from geosharp_ref.studies.population.training import batched_logits, logits_by_length
+from tests.cases.models import bert, llama
+
+
+def _bert64(seed=0):
+    torch.manual_seed(seed)
+    return bert().double().eval()
+
+
+def _padded(gen, n, length, lo=1, vocab=50):
+    """``n`` right-padded rows of random real lengths in [lo, length] (ids 3…vocab-1, [PAD] 0)."""
+    lens = torch.randint(lo, length + 1, (n,), generator=gen)
+    mask = (torch.arange(length) < lens[:, None]).long()
+    ids = torch.randint(3, vocab, (n, length), generator=gen) * mask
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+
+
+def _loss_and_grad(model, batch):
+    params = {n: p.detach().clone().requires_grad_(True) for n, p in model.named_parameters()}
+    loss = model_loss(model, params, batch)
+    return float(loss.detach()), torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+
+
+def _assert_same(plain, fast, tol=1e-12):
+    (l1, g1), (l2, g2) = plain, fast
+    assert abs(l1 - l2) <= tol * max(1.0, abs(l1))
+    for a, b in zip(g1, g2):
+        if a is None or b is None:  # e.g. position embeddings beyond every row: no gradient either way
+            assert a is None or b is None or float(a.abs().max()) == 0 or float(b.abs().max()) == 0
+            continue
+        assert torch.allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
+@settings(max_examples=12, deadline=None)
+@given(n=st.integers(1, 7), length=st.integers(2, 12), k=st.integers(1, 9), seed=st.integers(0, 2 ** 16))
+def test_bucketed_loss_and_gradient_equal_the_plain_batch(n, length, k, seed):
+    gen = torch.Generator().manual_seed(seed)
+    model = _bert64()
+    batch = (_padded(gen, n, length), torch.randint(0, 3, (n,), generator=gen))
+    buckets = length_buckets(batch, k)
+    # the groups partition the rows, each cut to its longest row, weights the share of the targets
+    rows = torch.cat(buckets.rows)
+    assert sorted(rows.tolist()) == list(range(n)) and len(buckets.groups) == min(k, n)
+    extent = padded_extent(batch[0])
+    for r, (x, y) in zip(buckets.rows, buckets.groups):
+        assert x["input_ids"].shape == (r.numel(), int(extent[r].max()))
+        assert torch.equal(x["input_ids"], batch[0]["input_ids"][r, :int(extent[r].max())])
+        assert torch.equal(y, batch[1][r])
+    assert abs(sum(buckets.weights) - 1) < 1e-12
+    assert buckets.tokens <= n * length
+    _assert_same(_loss_and_grad(model, batch), _loss_and_grad(model, buckets))
+
+
+def test_per_position_targets_are_weighted_by_the_counted_ones():
+    """A causal LM (per-position targets, −100 on the padding): each group's weight is its share of the
+    scored positions, so the bucketed loss is the plain mean over all of them."""
+    torch.manual_seed(0)
+    model = llama().double().eval()
+    gen = torch.Generator().manual_seed(3)
+    x = _padded(gen, 6, 10, lo=2, vocab=model.config.vocab_size)
+    x.pop("token_type_ids")
+    targets = torch.where(x["attention_mask"].bool(), torch.randint(0, model.config.vocab_size, (6, 10),
+                                                                    generator=gen), IGNORE_INDEX)
+    batch = (x, targets)
+    buckets = length_buckets(batch, 3)
+    counted = [int((y != IGNORE_INDEX).sum()) for _, y in buckets.groups]
+    assert buckets.weights == tuple(c / sum(counted) for c in counted)
+    _assert_same(_loss_and_grad(model, batch), _loss_and_grad(model, buckets))
+
+
+@pytest.mark.parametrize("measure, options", [
+    ("adaptive", dict(n_iter=4)), ("geodesic-mix", dict(n_iter=4)), ("geodesic-inv-frobenius", dict(n_iter=3)),
+    ("geodesic-inv-linearised", {}), ("average-geodesic-mix", dict(n_samples=3)),
+    ("hessian-trace-inv", dict(probes=2))])
+def test_every_measure_with_length_buckets_equals_the_plain_one(measure, options):
+    gen = torch.Generator().manual_seed(1)
+    model = _bert64()
+    batches = [(_padded(gen, 6, 12, lo=2), torch.randint(0, 3, (6,), generator=gen)) for _ in range(2)]
+    m = get_measure(measure)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = m.evaluate(model, batches, 0.05, **options)
+        fast = m.evaluate(model, batches, 0.05, length_buckets=3, **options)
+    for a, b in zip(plain.per_batch, fast.per_batch):
+        assert abs(a - b) <= 1e-9 * max(abs(a), 1e-6), (measure, plain.per_batch, fast.per_batch)
+    assert plain.loss_before == pytest.approx(fast.loss_before, rel=1e-12)
+    if m.curvature is None:
+        assert fast.config["length_buckets"] == 3 and "length_buckets" not in plain.config
+
+
+class _MeanPooled(nn.Module):
+    """A classifier that averages every position, padding included: its real outputs see the padding."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(50, 8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, input_ids, attention_mask):
+        return self.head(self.embed(input_ids).mean(dim=1))
+
+
+def test_a_model_that_sees_the_padding_is_refused():
+    gen = torch.Generator().manual_seed(0)
+    x = _padded(gen, 6, 10, lo=2)
+    x.pop("token_type_ids")
+    batch = (x, torch.randint(0, 3, (6,), generator=gen))
+    with pytest.raises(ValueError, match="length buckets change the loss of the first batch"):
+        get_measure("adaptive").evaluate(_MeanPooled().double(), [batch], 0.05, n_iter=1, length_buckets=2)
+    # without the buckets it is evaluated (the plain batch is the reference)
+    get_measure("adaptive").evaluate(_MeanPooled().double(), [batch], 0.05, n_iter=1)
+
+
+def test_batches_without_a_mask_and_bad_counts_are_refused():
+    ids = torch.randint(3, 50, (4, 6), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="need padded text"):
+        get_measure("adaptive").evaluate(_bert64(), [({"input_ids": ids}, torch.tensor([0, 1, 2, 1]))], 0.05,
+                                         n_iter=1, length_buckets=2)
+    for k in (0, -1, True, 2.5, "4"):
+        with pytest.raises(ValueError, match="length_buckets"):
+            EvaluationOptions(length_buckets=k)
+        with pytest.raises(ValueError, match="length buckets"):
+            length_buckets(({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, torch.zeros(4)), k)
+
+
+def test_model_loss_of_buckets_is_the_weighted_sum_of_its_groups():
+    """The dispatch itself: Σ_k w_k L_k with the groups and weights as built (not a re-derivation)."""
+    gen = torch.Generator().manual_seed(5)
+    model = _bert64()
+    batch = (_padded(gen, 5, 9), torch.randint(0, 3, (5,), generator=gen))
+    b = length_buckets(batch, 2)
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    direct = sum(w * float(model_loss(model, params, g)) for w, g in zip(b.weights, b.groups))
+    assert isinstance(b, LengthBuckets) and float(model_loss(model, params, b)) == pytest.approx(direct, rel=1e-14)
+
+
+@pytest.mark.parametrize("bs", [1, 3, 64])
+def test_logits_by_length_equal_batched_logits_in_order(bs):
+    gen = torch.Generator().manual_seed(2)
+    model = _bert64()
+    x = _padded(gen, 11, 12)
+    plain = torch.cat([lg for _, lg in batched_logits(model, x, 11, 4)])
+    fast = logits_by_length(model, x, 11, bs)
+    assert fast.shape == plain.shape and torch.allclose(fast, plain, rtol=1e-10, atol=1e-12)
+
+
+def test_logits_by_length_of_images_are_the_batched_logits():
+    from tests.cases.models import vit
+
+    torch.manual_seed(0)
+    model = vit().double().eval()
+    x = {"pixel_values": torch.randn(5, 3, model.config.image_size, model.config.image_size, dtype=torch.float64)}
+    plain = torch.cat([lg for _, lg in batched_logits(model, x, 5, 2)])
+    assert torch.equal(logits_by_length(model, x, 5, 2), plain)
