@@ -8,6 +8,7 @@ everything into ``results.jsonl`` in manifest order, byte-identical to a single-
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -82,6 +83,30 @@ def sharpness_batches(manifest, n_batches: int, batch_size: int, root=None):
     return split_batches(inputs, targets, n_batches, batch_size, source)
 
 
+def settings_digest(config: dict) -> str:
+    """A short digest of an evaluation's settings (``evaluation.json``): units measured under others are not
+    reused."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def read_units(out: Path, files: dict, digest: str) -> dict:
+    """``{(model, measure, rho_key): unit}`` of every ``results.units/rank*.jsonl`` line measured under the settings
+    ``digest`` (first wins); a line that is not a unit is refused, naming it."""
+    units = {}
+    for path in sorted((out / files["units"]).glob("rank*.jsonl")):
+        for i, u in enumerate(read_jsonl(path, repair=True), start=1):
+            if not (isinstance(u, dict) and all(isinstance(u.get(k), str) for k in ("model", "measure", "rho",
+                                                                                     "settings"))
+                    and isinstance(u.get("per_batch"), list) and "value" in u and "loss" in u):
+                raise ValueError(f"{path}: line {i} is not a finished measure of a model (a JSON object with 'model', "
+                                 f"'measure', 'rho', 'settings', 'value', 'per_batch', 'loss'); delete that line (the "
+                                 f"measure is evaluated again) or the file")
+            if u["settings"] == digest:
+                unit = {k: u[k] for k in ("value", "per_batch", "loss", "relative_size") if k in u}
+                units.setdefault((u["model"], u["measure"], u["rho"]), unit)
+    return units
+
+
 def check_bucketable(batches, length_buckets) -> None:
     """With ``length_buckets``, every sharpness batch is padded text with its mask (else refused, before any
     settings are written)."""
@@ -108,7 +133,7 @@ def measure_grid(measures, rhos) -> dict:
 
 
 def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, seed: int = 0,
-                   length_buckets: int | None = None) -> dict:
+                   length_buckets: int | None = None, done: dict | None = None, on_unit=None) -> dict:
     """``{"values": {measure: {rho_key: mean sharpness}}, "per_batch": {measure: {rho_key: [sharpness of each
     batch]}}, "relative_size": {measure: {rho_key: median ‖Δθ‖/‖θ‖ over the batches}}, "loss", "heads"}``
     (deterministic; the mean in ``values`` is the mean of ``per_batch``).
@@ -118,7 +143,12 @@ def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, se
     ``geodesic-{inv,mix}``, the ablations ``geodesic-{inv,mix}-first-order`` (no γ̈ correction) and
     ``geodesic-{inv,mix}-frobenius`` (Frobenius norm on the pair components), and the first-order measures
     ``*-linearised`` (ρ times the dual norm of the gradient; no relative size). ``length_buckets`` K: each
-    padded text batch evaluated in K groups of similar length (:func:`geosharp_ref.forward.length_buckets`)."""
+    padded text batch evaluated in K groups of similar length (:func:`geosharp_ref.forward.length_buckets`).
+
+    Resuming inside a model: ``done`` holds units already measured, ``{(measure, rho_key): unit}`` with unit
+    ``{"value", "per_batch", "loss"[, "relative_size"]}``; they are not measured again (every unit is measured
+    on its own, seeded by ``seed``, so the record equals the uninterrupted one). ``on_unit(measure, rho_key,
+    unit)`` is called after each unit measured."""
     grid = measure_grid(measures, rhos)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -128,13 +158,22 @@ def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, se
         values[measure], per_batch[measure], sizes[measure] = {}, {}, {}
         m = NAMED_MEASURES[measure]
         for rho in grid[measure]:
-            r = m.evaluate(model, batches, rho, n_iter=n_iter, seed=seed, length_buckets=length_buckets,
-                           **({} if m.metric is None else {"symmetry_map": smap}))
-            values[measure][rho_key(rho)] = r.mean
-            per_batch[measure][rho_key(rho)] = [float(v) for v in r.per_batch]
-            if r.relative_size:
-                sizes[measure][rho_key(rho)] = r.median_relative_size
-            loss = sum(r.loss_before) / len(r.loss_before)
+            key = rho_key(rho)
+            unit = (done or {}).get((measure, key))
+            if unit is None:
+                r = m.evaluate(model, batches, rho, n_iter=n_iter, seed=seed, length_buckets=length_buckets,
+                               **({} if m.metric is None else {"symmetry_map": smap}))
+                unit = dict(value=r.mean, per_batch=[float(v) for v in r.per_batch],
+                            loss=sum(r.loss_before) / len(r.loss_before))
+                if r.relative_size:
+                    unit["relative_size"] = r.median_relative_size
+                if on_unit is not None:
+                    on_unit(measure, key, unit)
+            values[measure][key] = unit["value"]
+            per_batch[measure][key] = unit["per_batch"]
+            if "relative_size" in unit:
+                sizes[measure][key] = unit["relative_size"]
+            loss = unit["loss"]
     out = dict(values=values, per_batch=per_batch, loss=loss, heads=sum(g.num_heads for g in smap.groups))
     if any(sizes.values()):
         out["relative_size"] = {k: v for k, v in sizes.items() if v}
@@ -219,6 +258,7 @@ def evaluate_population(out, rhos=DEFAULT_RHOS, measures=MEASURES, n_batches: in
     batches = sharpness_batches(manifest, n_batches, batch_size, out)
     check_bucketable(batches, length_buckets)
     read_results(out, tag)
+    read_units(out, files, settings_digest(config))
     if world == 1:
         _check_settings(out / files["config"], config, out, files)
     with exclusive_lock(out / f".evaluate{'-' + tag if tag else ''}.lock", enabled=(world == 1),
@@ -301,6 +341,10 @@ def _evaluate_population(out, files, manifest, rank, world, grid, config, batche
 
     from tqdm.auto import tqdm
 
+    digest = settings_digest(config)
+    done_units = read_units(out, files, digest)  # a killed run resumes inside a model
+    units_path = out / files["units"] / f"rank{rank}.jsonl"
+    n_units = sum(len(v) for v in grid.values())
     new = []
     bar = tqdm(mine, desc=f"evaluate (rank {rank}/{world})" if world > 1 else "evaluate population",
                unit="model", disable=not progress, position=rank if world > 1 else None)
@@ -309,14 +353,23 @@ def _evaluate_population(out, files, manifest, rank, world, grid, config, batche
         for inputs, _ in batches[:1]:  # an imported model and the data file must fit (token ids, lengths)
             check_inputs_fit(model, inputs, f"the sharpness examples of {out} for {m['name']}")
         t0 = time.perf_counter()
-        res = evaluate_model(model, batches, grid, measures, n_iter=n_iter, seed=seed, length_buckets=length_buckets)
+        done = {(ms, r): u for (name, ms, r), u in done_units.items() if name == m["name"]}
+
+        def finished(measure, key, unit, name=m["name"]):
+            units_path.parent.mkdir(exist_ok=True)
+            append_line(units_path, dict(model=name, measure=measure, rho=key, settings=digest, **unit))
+            done[measure, key] = unit
+            bar.set_postfix_str(f"{name} {len(done)}/{n_units} {measure} ρ={key}")
+
+        res = evaluate_model(model, batches, grid, measures, n_iter=n_iter, seed=seed, length_buckets=length_buckets,
+                             done=done, on_unit=finished)
         rec = dict(model=m["name"], gap=m["metrics"]["gap"], **res)
         append_line(mine_path, rec)
         new.append(rec)
         bar.set_postfix_str(f"{m['name']} {time.perf_counter() - t0:.1f}s")
     bar.close()
     gathered = gdist.gather_objects(new)  # rank 0: every rank's new records (no shared disk needed)
-    if rank == 0:
-        _finalize(out, manifest, extra=[r for part in gathered for r in part], tag=tag)
+    if rank == 0 and _finalize(out, manifest, extra=[r for part in gathered for r in part], tag=tag):
+        shutil.rmtree(out / files["units"], ignore_errors=True)  # every model's record is whole now
     gdist.barrier()
     return read_results(out, tag)

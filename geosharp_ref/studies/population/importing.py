@@ -226,7 +226,7 @@ def import_population(out, models, metrics_csv, data, loader: str = "auto", head
             old = json.loads(mpath.read_text())
         except ValueError:
             old = None
-        if old != manifest and any((out / f).exists() for f in ("results.jsonl", "results.parts")):
+        if old != manifest and any((out / f).exists() for f in ("results.jsonl", "results.parts", "results.units")):
             raise ValueError(f"{mpath} already describes another population and {out} holds its sharpness "
                              f"results; import into a new directory (or delete {out} to start over)")
     write_json_atomic(mpath, manifest)

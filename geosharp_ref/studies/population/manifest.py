@@ -7,6 +7,8 @@ Layout of ``DIR``::
     evaluation.json            evaluation settings (a resumed evaluate must use the same ones)
     results.jsonl              one line per model, append-only, fsync'd; canonical order once complete
     results.parts/rank*.jsonl  per-rank files of a distributed (torchrun) evaluation, merged at the end
+    results.units/rank*.jsonl  each finished (model, measure, radius) of models not finished yet: a killed
+                               evaluation resumes inside a model; removed when the evaluation is complete
     correlation.json / .csv, correlation_tau.csv, correlation.png
     results-TAG.jsonl, evaluation-TAG.json, correlation-TAG.*   another evaluation (``--tag TAG``), e.g. ablations
 """
@@ -27,7 +29,8 @@ MANIFEST_FORMAT = "geosharp-population/1"
 def population_files(tag: str = "") -> dict:
     """File names of one evaluation of a population (``tag`` separates several evaluations)."""
     sfx = f"-{tag}" if tag else ""
-    return dict(results=f"results{sfx}.jsonl", parts=f"results{sfx}.parts", config=f"evaluation{sfx}.json",
+    return dict(results=f"results{sfx}.jsonl", parts=f"results{sfx}.parts", units=f"results{sfx}.units",
+                config=f"evaluation{sfx}.json",
                 correlation=f"correlation{sfx}")
 
 

@@ -131,6 +131,9 @@ JSON_CASES = {  # file, new content, command after `population`, what the line s
         "results.jsonl", lambda text: text.split("\n", 1)[0].replace('"0.05": ', '"0.5": ') + "\n" + text.split(
             "\n", 1)[1],
         ["correlate", "--bootstrap", "20", "--no-plot"], ["the record of model_000 has no finite value for"]),
+    "a finished-measure line without its values": (
+        "results.units/rank0.jsonl", lambda text: '{"model": "model_000", "measure": "adaptive"}\n',
+        ["evaluate", *EVAL], ["results.units/rank0.jsonl: line 1 is not a finished measure of a model"]),
     "evaluation settings that are a list": (
         "evaluation.json", lambda text: "[]", ["correlate", "--bootstrap", "20", "--no-plot"],
         ["evaluation.json should hold the evaluation settings as a JSON object, but holds a list"]),
@@ -171,5 +174,6 @@ def test_json_files_of_the_wrong_type_or_with_missing_fields(reference, tmp_path
     name, change, argv, needles = JSON_CASES[case]
     out = _evaluated(reference, tmp_path)
     path = out / name
+    path.parent.mkdir(exist_ok=True)
     path.write_text(change(path.read_text() if path.is_file() else ""))
     _refused(capsys, ["population", argv[0], "--out", out, *argv[1:]], tmp_path, needles)

@@ -116,3 +116,55 @@ def test_tagged_ablation_evaluation_is_separate(reference, tmp_path):
     assert set(res["tau"]["0.02"]) == set(ev["measures"]) and (out / "correlation-abl.json").is_file()
     with pytest.raises(FileNotFoundError, match="--tag nope"):
         pop.correlate_population(out, tag="nope")
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_a_killed_model_resumes_from_its_finished_measures(reference, tmp_path, monkeypatch):
+    """An evaluation killed inside a model keeps that model's finished (measure, radius) units
+    (results.units/); the rerun measures only the rest, and the results equal the uninterrupted ones byte for
+    byte; the units are removed once the evaluation is complete. Units of other settings are not reused."""
+    from geosharp_ref.studies.population import evaluation
+
+    out = cases.copy_population(reference, tmp_path)
+    real = dict(evaluation.NAMED_MEASURES)
+    calls = []
+
+    class Counting:
+        def __init__(self, name, die_at=None):
+            self.m, self.name, self.die_at = real[name], name, die_at
+
+        def __getattr__(self, attr):
+            return getattr(self.m, attr)
+
+        def evaluate(self, *args, **kwargs):
+            calls.append(self.name)
+            if self.die_at is not None and len(calls) == self.die_at:
+                raise _Killed
+            return self.m.evaluate(*args, **kwargs)
+
+    units_per_model = len(pop.MEASURES) * len(EVAL["rhos"])
+    die_at = units_per_model + 4  # inside the second model, after 3 of its units
+    for name in pop.MEASURES:
+        monkeypatch.setitem(evaluation.NAMED_MEASURES, name, Counting(name, die_at))
+    with pytest.raises(_Killed):
+        pop.evaluate_population(out, **EVAL)
+    units = [json.loads(line) for f in sorted((out / "results.units").glob("rank*.jsonl"))
+             for line in f.read_text().splitlines()]
+    assert [u["model"] for u in units].count("model_001") == 3
+    assert len(cases.jsonl(out / "results.jsonl")) == 1
+
+    # units written under other settings are not reused
+    other = dict(units[-1], settings="0" * 16, measure=units[-1]["measure"], value=-1.0)
+    with open(out / "results.units" / "rank0.jsonl", "a") as f:
+        f.write(json.dumps(other) + "\n")
+    calls.clear()
+    for name in pop.MEASURES:
+        monkeypatch.setitem(evaluation.NAMED_MEASURES, name, Counting(name))
+    pop.evaluate_population(out, **EVAL)
+    assert len(calls) == (N_MODELS - 1) * units_per_model - 3  # model_001's three finished units not measured again
+    assert (out / "results.jsonl").read_text() == (reference / "results.jsonl").read_text()
+    assert not (out / "results.units").exists()
+
