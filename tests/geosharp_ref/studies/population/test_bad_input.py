@@ -71,20 +71,31 @@ class _DiskFillsUp:
         return getattr(os, name)
 
 
-def test_full_disk_loses_nothing_already_written(trained, reference, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("torn", ["record", "unit"])
+def test_full_disk_loses_nothing_already_written(trained, reference, tmp_path, capsys, monkeypatch, torn):
+    """The disk fills up in the third model, while writing its record or one of its finished measures
+    (results.units/): everything written before is intact, and with space again the rerun repairs the torn line
+    and ends as the uninterrupted run."""
     out = cases.copy_population(trained, tmp_path)
-    monkeypatch.setattr(durable, "os", _DiskFillsUp(lines=2))
+    units = len(cases.POPULATION_EVAL["rhos"]) * 3  # the three headline measures at each radius
+    whole = 2 * (units + 1) + (units if torn == "record" else 3)  # complete writes before the torn one
+    monkeypatch.setattr(durable, "os", _DiskFillsUp(lines=whole))
     line = _error_line(capsys, _evaluate_argv(out))
     assert "No space left on device" in line
     monkeypatch.undo()
     kept = (out / "results.jsonl").read_bytes()
     done = cases.jsonl(reference / "results.jsonl")
-    # the two lines written before the disk filled up are intact; the torn third is only a fragment
     first_two = b"".join(json.dumps(r, sort_keys=True).encode() + b"\n" for r in done[:2])
-    assert kept.startswith(first_two) and len(kept) < len(first_two) + len(json.dumps(done[2]))
-    # space again: the rerun repairs the torn line, keeps the two, and ends as the uninterrupted run
+    if torn == "record":  # the two records written before the disk filled up are intact, the third a fragment
+        assert kept.startswith(first_two) and first_two < kept and len(kept) < len(first_two) + len(json.dumps(done[2]))
+    else:  # two whole records; three whole finished measures of the third model and a torn fourth
+        assert kept == first_two
+        lines = (out / "results.units" / "rank0.jsonl").read_bytes().split(b"\n")
+        assert [json.loads(x)["model"] for x in lines[-4:-1]] == ["model_002"] * 3 and lines[-1]
+    # space again: the rerun repairs the torn line, keeps what was written, and ends as the uninterrupted run
     assert main(_evaluate_argv(out)) == 0
     assert (out / "results.jsonl").read_bytes() == (reference / "results.jsonl").read_bytes()
+    assert not (out / "results.units").exists()
 
 
 def test_calibration_columns_need_a_calibration(trained, tmp_path, capsys):
