@@ -205,8 +205,8 @@ def length_buckets(batch, k: int) -> LengthBuckets:
     n, length = inputs["attention_mask"].shape
     order = torch.argsort(extent, stable=True)
     rows = tuple(r for r in order.tensor_split(min(k, n)) if r.numel())
-    groups = tuple((_take(inputs, r, n, length, max(int(extent[r].max()), 1)),
-                    _take(targets, r, n, length, max(int(extent[r].max()), 1))) for r in rows)
+    widths = [max(int(extent[r].max()), 1) for r in rows]
+    groups = tuple((_take(inputs, r, n, length, w), _take(targets, r, n, length, w)) for r, w in zip(rows, widths))
     counted = [int((g[1] != IGNORE_INDEX).sum()) if torch.is_tensor(g[1]) and not g[1].is_floating_point()
                else int(r.numel()) for g, r in zip(groups, rows)]
     total = sum(counted)
