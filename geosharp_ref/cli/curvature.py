@@ -1,7 +1,7 @@
 """``geosharp curvature``: Hessian trace and top eigenvalues of a saved model, on the quotient and Euclidean.
 
-For the mean loss over the first N·B examples of the data file (N batches of B): the Hutchinson trace (with
-its standard error) and the top-k eigenvalues (Lanczos, with residual bounds) of the Riemannian Hessian on
+For the mean loss over the first N·B examples of the data file (N batches of B): the Hutchinson or Hutch++
+trace (``--trace-method``, with its standard error) and the top-k eigenvalues (Lanczos, with residual bounds) of the Riemannian Hessian on
 the quotient by the model's symmetries (``--metric inv|mix``; ``--all-symmetries`` as for ``evaluate``) and
 of the Euclidean Hessian of the same parameters (:mod:`geosharp_ref.sharpness.curvature`).
 """
@@ -29,6 +29,9 @@ def _check(args):
                              args.batch_size, 1), ("--batches", args.batches, 1)):
         if value < low:
             raise ValueError(f"{name} must be at least {low}, got {value}")
+    if args.trace_method == "hutch++" and 0 < args.probes < 3:
+        raise ValueError(f"--trace-method hutch++ needs --probes of at least 3 (a sketch, its trace and a residual "
+                         f"probe), got {args.probes}: raise --probes or use --trace-method hutchinson")
     if args.probes == 0 and args.top_k == 0:
         raise ValueError("--probes 0 and --top-k 0 leave nothing to compute: keep one of them positive")
     if args.lanczos_steps is not None and args.lanczos_steps < max(1, args.top_k):
@@ -42,7 +45,8 @@ def _check(args):
 def _line(r):
     eig = ", ".join(f"{v:.6g}" for v in r.eigenvalues) or "-"
     trace = f"{r.trace:.6g} ± {r.trace_stderr:.2g}" if r.probes else "-"
-    return f"  {r.geometry:<10}: trace {trace} ({r.probes} probes); top eigenvalues {eig}; {r.seconds:.1f} s"
+    how = f"{r.probes} probes" if r.config.get("trace_method") != "hutch++" else f"Hutch++, {r.probes} HVPs"
+    return f"  {r.geometry:<10}: trace {trace} ({how}); top eigenvalues {eig}; {r.seconds:.1f} s"
 
 
 def run(args) -> int:
@@ -82,7 +86,7 @@ def run(args) -> int:
                               distribution=args.distribution, steps=args.lanczos_steps, seed=args.seed,
                               symmetries=None if geometry == "euclidean" else symmetries,
                               smap=None if geometry == "euclidean" else smap, eps=args.eps, dtype=dtype,
-                              progress=bar.update)
+                              progress=bar.update, trace_method=args.trace_method)
             results.append(r)
     print(f"  options   : {args.distribution} probes, Lanczos {steps} steps, seed {args.seed}, "
           f"{results[0].config['dtype'].replace('torch.', '')}, HVP {results[0].config['hvp']}-mode"
@@ -102,7 +106,8 @@ def run(args) -> int:
         d = dict(model_dir=str(Path(args.model_dir).resolve()), model_class=name,
                  data=str(Path(args.data).resolve()), batches=args.batches, batch_size=args.batch_size,
                  examples_available=n, metric=args.metric, all_symmetries=bool(args.all_symmetries),
-                 probes=args.probes, top_k=args.top_k, distribution=args.distribution, seed=args.seed,
+                 probes=args.probes, trace_method=args.trace_method, top_k=args.top_k,
+                 distribution=args.distribution, seed=args.seed,
                  results={r.geometry: r.to_dict() for r in results}, refused=[list(x) for x in smap.refused])
         if probe is not None:
             d["probe"] = probe

@@ -425,7 +425,7 @@ def _add_population(sub):
 def _add_curvature(sub):
     p = sub.add_parser("curvature", help="Hessian trace and top eigenvalues of a saved model, on the quotient and "
                                          "Euclidean",
-                       description="Hutchinson trace (± standard error) and top-k Lanczos eigenvalues of the "
+                       description="Hutchinson or Hutch++ trace (± standard error) and top-k Lanczos eigenvalues of the "
                                    "Riemannian Hessian of the mean loss on the quotient by the model's symmetries, "
                                    "and of the Euclidean Hessian, over the first N·B examples of FILE "
                                    "(docs/guides/curvature.md).",
@@ -440,7 +440,11 @@ def _add_curvature(sub):
     p.add_argument("--batches", type=int, default=1, metavar="N", help="number of batches (default 1)")
     p.add_argument("--batch-size", type=int, default=8, metavar="B", help="examples per batch (default 8)")
     p.add_argument("--probes", type=int, default=16, metavar="M",
-                   help="Hutchinson probes of the trace (default 16; 0 skips the trace)")
+                   help="Hessian-vector products spent on the trace (default 16; 0 skips the trace)")
+    p.add_argument("--trace-method", choices=("hutchinson", "hutch++"), default="hutchinson",
+                   help="trace estimator: Hutchinson (M probes) or Hutch++ (a sketch of the top eigenspace from "
+                        "M/3 HVPs, its trace from M/3 more, Hutchinson on the rest; M ≥ 3; pays when a few "
+                        "eigenvalues dominate and M is a few dozen). Default hutchinson")
     p.add_argument("--distribution", choices=("rademacher", "gaussian"), default="rademacher",
                    help="probe distribution (default rademacher)")
     p.add_argument("--top-k", type=int, default=3, metavar="K",

@@ -13,8 +13,8 @@
   :func:`linearised_sharpness`, the named measures
 * :mod:`~geosharp_ref.sharpness.hessian` — :class:`QuotientHessian`, the Riemannian Hessian on the horizontal
   space (a Euclidean HVP plus the acceleration term), and :class:`EuclideanHessian`
-* :mod:`~geosharp_ref.sharpness.curvature` — its trace (Hutchinson, with a standard error) and top eigenvalues
-  (Lanczos), quotient and Euclidean (``curvature.curvature``)
+* :mod:`~geosharp_ref.sharpness.curvature` — its trace (Hutchinson or Hutch++, with a standard error) and top
+  eigenvalues (Lanczos), quotient and Euclidean (``curvature.curvature``)
 * :mod:`~geosharp_ref.sharpness.exact_geodesic` — the geodesic integrated with RK4 (``geodesic="exact"``)
 * :mod:`~geosharp_ref.sharpness.average_case` — :func:`average_case_sharpness`, on the quotient and adaptive
 
@@ -29,7 +29,7 @@ from .pipeline import EvaluationOptions, build_space, evaluate, prepare_inputs
 from .measures import (ABLATION_MEASURES, HEADLINE_MEASURES, LINEARISED_MEASURES, MEASURES, Measure,
                        adaptive_sharpness, geodesic_sharpness, get_measure, linearised_sharpness)
 from .hessian import EuclideanHessian, QuotientHessian
-from .curvature import CurvatureResult, hutchinson_trace, top_eigenvalues
+from .curvature import CurvatureResult, hutchinson_trace, hutchpp_trace, top_eigenvalues
 from .average_case import average_case_sharpness
 
 __all__ = ["ProductSpace", "Tangent", "Cotangents", "SpaceOptions", "GRADIENTS", "Factor", "GLPairFactor",
@@ -37,5 +37,5 @@ __all__ = ["ProductSpace", "Tangent", "Cotangents", "SpaceOptions", "GRADIENTS",
            "relative_perturbation", "rho_for_size", "adaptive_sharpness", "geodesic_sharpness",
            "linearised_sharpness", "default_loss", "model_loss", "Measure", "MEASURES", "HEADLINE_MEASURES",
            "ABLATION_MEASURES", "LINEARISED_MEASURES", "get_measure",
-           "QuotientHessian", "EuclideanHessian", "CurvatureResult", "hutchinson_trace",
+           "QuotientHessian", "EuclideanHessian", "CurvatureResult", "hutchinson_trace", "hutchpp_trace",
            "top_eigenvalues", "average_case_sharpness"]

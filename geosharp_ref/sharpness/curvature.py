@@ -7,9 +7,13 @@ space plus dim(vertical) zeros) or ∇²L y for the Euclidean Hessian.
 * :func:`hutchinson_trace` — tr ≈ (1/m) Σᵢ yᵢᵀ Ã yᵢ, yᵢ Rademacher (default) or Gaussian (E[y yᵀ] = I);
   for the quotient yᵀÃy = g(z, Hess L[z]) with the metric-orthonormal horizontal probe z = P S y. Returned
   with its standard error s/√m (s the sample standard deviation). Variance per probe: 2‖Ã‖_F² (Gaussian),
-  2(‖Ã‖_F² − Σ Ã_ii²) (Rademacher). (Hutch++ spends a third of its matvecs on a sketch of the top
-  eigenspace; it pays when a few eigenvalues dominate ‖Ã‖_F, which the top eigenvalues printed beside the
-  trace show: not implemented here.)
+  2(‖Ã‖_F² − Σ Ã_ii²) (Rademacher).
+* :func:`hutchpp_trace` — Hutch++ (Meyer, Musco, Musco & Woodruff, SOSA 2021) for the same m matvecs:
+  k = ⌊m/3⌋ sketch probes S (N × k), Q = orth(Ã S) (k matvecs), then
+  tr ≈ tr(Qᵀ Ã Q) + (1/r) Σᵢ gᵢᵀ (I − QQᵀ) Ã (I − QQᵀ) gᵢ (k + r matvecs, r = m − 2k residual probes). Unbiased;
+  exact when rank Ã ≤ k; its variance is Hutchinson's on the deflated operator, 2‖(I − QQᵀ)Ã(I − QQᵀ)‖_F²/r
+  (Gaussian), so it pays when a few eigenvalues dominate ‖Ã‖_F (Hessians of trained networks: a few outliers
+  per class). Its standard error is the residual probes' s/√r, conditional on the sketch. Memory: Q, k × N.
 * :func:`top_eigenvalues` — Lanczos with full reorthogonalisation (``steps`` matvecs, default
   max(2k + 10, 20) capped at N; Ritz values of the tridiagonal T, residual bounds |β_m s_{m,j}| as errors;
   memory: the basis, steps × N numbers, e.g. 1.8 GB for 20 steps of all-MiniLM-L6-v2 in float32),
@@ -38,18 +42,21 @@ from ..symmetry import Quotient, symmetry_map as build_symmetry_map
 from .pipeline import bucket_batches, build_space, check_length_buckets, prepare_inputs
 from .result import SharpnessResult
 
-__all__ = ["TraceEstimate", "Eigenvalues", "CurvatureResult", "hutchinson_trace", "top_eigenvalues", "exact_trace",
-           "curvature", "curvature_sharpness", "PROBES", "GEOMETRIES"]
+__all__ = ["TraceEstimate", "Eigenvalues", "CurvatureResult", "hutchinson_trace", "hutchpp_trace", "top_eigenvalues",
+           "exact_trace", "curvature", "curvature_sharpness", "PROBES", "GEOMETRIES", "TRACE_METHODS"]
 
 #: probe distributions of :func:`hutchinson_trace`
 PROBES = ("rademacher", "gaussian")
+#: trace estimators of :func:`curvature`: :func:`hutchinson_trace` and :func:`hutchpp_trace`
+TRACE_METHODS = ("hutchinson", "hutch++")
 #: the geometries of :func:`curvature`: the quotient metrics and the Euclidean Hessian
 GEOMETRIES = ("inv", "mix", "euclidean")
 
 
 @dataclass
 class TraceEstimate:
-    """A Hutchinson estimate: ``value`` ± ``stderr`` from ``samples`` (one yᵀÃy per probe)."""
+    """A trace estimate: ``value`` ± ``stderr`` from ``samples`` (``value`` their mean): one yᵀÃy per probe
+    (Hutchinson), or tr(QᵀÃQ) + gᵀ(I − QQᵀ)Ã(I − QQᵀ)g per residual probe (Hutch++)."""
 
     value: float
     stderr: float
@@ -87,10 +94,48 @@ def hutchinson_trace(op, probes: int = 16, *, distribution: str = "rademacher", 
         samples.append(float(torch.dot(y, op.matvec_flat(y))))
         if progress is not None:
             progress()
+    return _estimate(samples)
+
+
+def _estimate(samples) -> TraceEstimate:
     m = len(samples)
     mean = sum(samples) / m
     sd = math.sqrt(sum((s - mean) ** 2 for s in samples) / (m - 1)) if m > 1 else float("nan")
     return TraceEstimate(mean, sd / math.sqrt(m), samples)
+
+
+def hutchpp_trace(op, matvecs: int = 16, *, distribution: str = "rademacher", generator=None,
+                  progress=None) -> TraceEstimate:
+    """Hutch++ with ``matvecs`` (≥ 3) operator applications (see the module doc): k = ⌊matvecs/3⌋ (at most
+    N) sketch probes, k more for tr(QᵀÃQ), the rest residual probes. ``samples`` are
+    tr(QᵀÃQ) + gᵢᵀ(I − QQᵀ)Ã(I − QQᵀ)gᵢ, one per residual probe; ``stderr`` their s/√r, conditional on the
+    sketch. ``progress``: a callable invoked after each matvec."""
+    if isinstance(matvecs, bool) or not isinstance(matvecs, int) or matvecs < 3:
+        raise ValueError(f"Hutch++ needs at least 3 matvecs (a sketch, its trace and a residual probe), "
+                         f"got {matvecs!r}")
+    generator = generator or torch.Generator().manual_seed(0)
+    device = _device(op)
+    k = min(matvecs // 3, op.dim)
+    Y = torch.empty(op.dim, k, dtype=op.dtype, device=device)
+    for j in range(k):
+        Y[:, j] = op.matvec_flat(_probe(op.dim, distribution, generator, op.dtype, device))
+        if progress is not None:
+            progress()
+    Q = torch.linalg.qr(Y).Q.T.contiguous()  # k × N, orthonormal rows spanning range(Ã S)
+    del Y
+    top = 0.0
+    for q in Q:
+        top += float(torch.dot(q, op.matvec_flat(q)))
+        if progress is not None:
+            progress()
+    samples = []
+    for _ in range(matvecs - 2 * k):
+        g = _probe(op.dim, distribution, generator, op.dtype, device)
+        g -= Q.T @ (Q @ g)  # (I − QQᵀ) g
+        samples.append(top + float(torch.dot(g, op.matvec_flat(g))))
+        if progress is not None:
+            progress()
+    return _estimate(samples)
 
 
 def _device(op):
@@ -217,25 +262,32 @@ def hessian_operator(model, batches, geometry: str = "mix", *, symmetries=None, 
 def curvature(model, batches, geometry: str = "mix", *, k: int = 1, probes: int = 16,
               distribution: str = "rademacher", steps: Optional[int] = None, seed: int = 0, symmetries=None,
               smap=None, loss_fn=default_loss, eps: float = 0.0, dtype=None, exclude=(), hvp: str = "auto",
-              progress=None, length_buckets=None) -> CurvatureResult:
-    """Hutchinson trace (``probes``) and the ``k`` top eigenvalues (Lanczos, ``steps``) of the Hessian of the
-    mean loss over ``batches`` in ``geometry`` (:data:`GEOMETRIES`); ``probes=0`` or ``k=0`` skips one.
-    ``progress``: called after every matvec; ``length_buckets``: as in :func:`hessian_operator`."""
+              progress=None, length_buckets=None, trace_method: str = "hutchinson") -> CurvatureResult:
+    """The trace (``probes`` matvecs; ``trace_method`` :data:`TRACE_METHODS`: Hutchinson, or Hutch++ with
+    ``probes`` ≥ 3) and the ``k`` top eigenvalues (Lanczos, ``steps``) of the Hessian of the mean loss over
+    ``batches`` in ``geometry`` (:data:`GEOMETRIES`); ``probes=0`` or ``k=0`` skips one. ``progress``: called
+    after every matvec; ``length_buckets``: as in :func:`hessian_operator`."""
     check_length_buckets(length_buckets)
+    if trace_method not in TRACE_METHODS:
+        raise ValueError(f"unknown trace method {trace_method!r}; choose one of {TRACE_METHODS}")
+    if trace_method == "hutch++" and 0 < probes < 3:
+        raise ValueError(f"Hutch++ needs at least 3 matvecs (a sketch, its trace and a residual probe), got "
+                         f"probes={probes}")
+    estimate = hutchpp_trace if trace_method == "hutch++" else hutchinson_trace
     t0 = time.perf_counter()
     was_training = model.training
     try:
         op, _, _ = hessian_operator(model, batches, geometry, symmetries=symmetries, smap=smap, loss_fn=loss_fn,
                                     eps=eps, dtype=dtype, exclude=exclude, hvp=hvp, length_buckets=length_buckets)
         gen = torch.Generator().manual_seed(seed)
-        trace = hutchinson_trace(op, probes, distribution=distribution, generator=gen, progress=progress) \
+        trace = estimate(op, probes, distribution=distribution, generator=gen, progress=progress) \
             if probes else TraceEstimate(float("nan"), float("nan"))
         eig = top_eigenvalues(op, k, steps=steps, generator=gen, progress=progress) if k else \
             Eigenvalues([], [], 0)
     finally:
         model.train(was_training)
-    config = dict(distribution=distribution, seed=seed, eps=eps, hvp=op.hvp.mode, dtype=str(op.dtype),
-                  lanczos_steps=eig.matvecs)
+    config = dict(trace_method=trace_method, distribution=distribution, seed=seed, eps=eps, hvp=op.hvp.mode,
+                  dtype=str(op.dtype), lanczos_steps=eig.matvecs)
     if isinstance(op, QuotientHessian):
         config["factors"] = op.space.factor_keys
     return CurvatureResult(geometry, trace.value, trace.stderr, eig.values, eig.errors, probes, op.dim,

@@ -37,10 +37,31 @@ def test_curvature_matches_the_library(saved, tmp_path, capsys):
     assert d["results"]["inv"]["trace"] != pytest.approx(d["results"]["euclidean"]["trace"], rel=1e-3)
 
 
+def test_hutchpp_trace_matches_the_library(saved, tmp_path, capsys):
+    out = tmp_path / "curv.json"
+    argv = ["curvature", str(saved / "bert"), "--data", str(saved / "bert.pt"), "--batches", "1", "--batch-size",
+            "3", "--probes", "7", "--trace-method", "hutch++", "--top-k", "0", "--no-euclidean", "--seed", "2",
+            "--float64", "--no-progress", "--json", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    d = json.loads(out.read_text())
+    m = transformers.AutoModelForSequenceClassification.from_pretrained(saved / "bert", attn_implementation="eager",
+                                                                        local_files_only=True)
+    data = torch.load(saved / "bert.pt", weights_only=True)
+    batch = ({"input_ids": data["inputs"]["input_ids"][:3]}, data["targets"][:3])
+    ref = curvature(m, [batch], "mix", k=0, probes=7, seed=2, dtype=torch.float64, trace_method="hutch++")
+    got = d["results"]["mix"]
+    assert d["trace_method"] == "hutch++" and got["config"]["trace_method"] == "hutch++" and got["matvecs"] == 7
+    assert got["trace"] == pytest.approx(ref.trace, rel=1e-10)
+    assert got["trace_stderr"] == pytest.approx(ref.trace_stderr, rel=1e-8)
+    assert "Hutch++, 7 HVPs" in printed and f"{ref.trace:.6g}" in printed
+
+
 @pytest.mark.parametrize("extra, needles", [
     (["--probes", "-1"], ["--probes", "at least 0"]),
     (["--probes", "0", "--top-k", "0"], ["nothing to compute"]),
     (["--top-k", "3", "--lanczos-steps", "2"], ["--lanczos-steps", "--top-k"]),
+    (["--trace-method", "hutch++", "--probes", "2"], ["hutch++", "at least 3", "--trace-method hutchinson"]),
     (["--batches", "5", "--batch-size", "4"], ["only 10 examples"]),
     (["--device", "tpu"], ["--device", "not a device"]),
 ])

@@ -5,6 +5,10 @@
   Euclidean trace and top eigenvalue change;
 * Hutchinson: the estimate is within 4 standard errors of the exact trace, the probes are metric-orthonormal
   (g(S y, S y) = ‖y‖²) and horizontal, the standard error is the sample standard deviation over √m;
+* Hutch++: exact (to round-off) on operators of rank ≤ k (hypothesis over N, rank, seed); unbiased on the
+  attention model (mean of 100 estimates within 4 of their standard errors of the exact trace); on a spectrum
+  with five outliers its error is several times Hutchinson's at the same 48 matvecs (dense float64 trace);
+  samples, standard error and the matvec count follow the documented contract;
 * the scalar toy model (geosharp_ref.studies.toy, paper App. D and Fig. 6): the quotient trace of a
   declared element-wise factor equals the toy's own Hessian restricted to the horizontal line (polarised
   Christoffel symbols and torch.func.hessian) and is constant along the orbit while the Euclidean trace
@@ -18,11 +22,11 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from torch import nn
 
 from geosharp_ref.sharpness import Factor, ProductSpace, build_space, get_measure, model_loss
-from geosharp_ref.sharpness.curvature import curvature, exact_trace, hutchinson_trace
+from geosharp_ref.sharpness.curvature import curvature, exact_trace, hutchinson_trace, hutchpp_trace
 from geosharp_ref.sharpness.hessian import EuclideanHessian, QuotientHessian
 from geosharp_ref.studies import toy
 from geosharp_ref.symmetry import symmetry_map
@@ -94,6 +98,67 @@ def test_hutchinson_is_unbiased_within_its_standard_error(distribution):
     z = op.probe(y)
     assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(op.project(z), z))
     assert float(y @ op.matvec_flat(y)) == pytest.approx(float(op.inner(z, op.matvec(z))), rel=1e-10)
+
+
+# -- Hutch++ ------------------------------------------------------------------------------------------------
+
+class DenseOperator:
+    """A symmetric matrix with the flat-coordinate interface the estimators use (dim, dtype, base, matvec_flat)."""
+
+    def __init__(self, A):
+        self.A, self.dim, self.dtype, self.base, self.calls = A, A.shape[0], A.dtype, {"w": A}, 0
+
+    def matvec_flat(self, y):
+        self.calls += 1
+        return self.A @ y
+
+
+def _spectrum(eigenvalues, seed):
+    n = len(eigenvalues)
+    Q, _ = torch.linalg.qr(torch.randn(n, n, generator=torch.Generator().manual_seed(seed), dtype=DT))
+    return DenseOperator(Q @ torch.diag(torch.tensor(eigenvalues, dtype=DT)) @ Q.T)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(8, 40), rank=st.integers(1, 4), seed=st.integers(0, 2 ** 16),
+       distribution=st.sampled_from(["rademacher", "gaussian"]))
+def test_hutchpp_is_exact_on_operators_of_rank_at_most_its_sketch(n, rank, seed, distribution):
+    gen = torch.Generator().manual_seed(seed)
+    values = (torch.rand(rank, generator=gen, dtype=DT) * 4 - 2).tolist()  # indefinite, |λ| ≤ 2
+    op = _spectrum(values + [0.0] * (n - rank), seed)
+    est = hutchpp_trace(op, 3 * rank + 2, distribution=distribution, generator=gen)  # k = rank: rank + 2 residuals
+    assert op.calls == 3 * rank + 2 and len(est.samples) == rank + 2
+    assert est.value == pytest.approx(float(op.A.trace()), abs=1e-10)
+    assert est.stderr <= 1e-10
+
+
+def test_hutchpp_is_unbiased_on_the_attention_model():
+    op = QuotientHessian(build_space(PARAMS, SMAP, "mix"), lambda p: model_loss(MODEL, p, BATCH))
+    values = torch.tensor([hutchpp_trace(op, 12, generator=torch.Generator().manual_seed(s)).value
+                           for s in range(100)], dtype=DT)
+    assert abs(float(values.mean()) - BASE["mix"][0]) <= 4 * float(values.std()) / 10
+    est = hutchpp_trace(op, 13, generator=torch.Generator().manual_seed(7))
+    s = torch.tensor(est.samples, dtype=DT)   # k = 4: 4 sketch + 4 top + 5 residual matvecs
+    assert len(s) == 5 and est.value == pytest.approx(float(s.mean()), rel=1e-12)
+    assert est.stderr == pytest.approx(float(s.std() / math.sqrt(len(s))), rel=1e-12)
+
+
+def test_hutchpp_beats_hutchinson_when_a_few_eigenvalues_dominate():
+    values = [40.0, 30.0, 20.0, 15.0, 10.0] + [0.05 * ((-1) ** i) * (1 + i % 7) for i in range(195)]
+    op = _spectrum(values, 0)
+    exact = float(op.A.trace())
+    rmse = {}
+    for f in (hutchinson_trace, hutchpp_trace):
+        errors = torch.tensor([f(op, 48, generator=torch.Generator().manual_seed(s)).value - exact
+                               for s in range(100)], dtype=DT)
+        rmse[f.__name__] = float(errors.pow(2).mean().sqrt())
+    assert rmse["hutchpp_trace"] * 4 < rmse["hutchinson_trace"], rmse
+
+
+@pytest.mark.parametrize("matvecs", [0, 2, 2.5, True])
+def test_hutchpp_refuses_fewer_than_three_matvecs(matvecs):
+    with pytest.raises(ValueError, match="at least 3 matvecs"):
+        hutchpp_trace(_spectrum([1.0, 2.0], 0), matvecs)
 
 
 # -- the scalar toy model (paper App. D, Fig. 6) -------------------------------------------------------------
@@ -170,3 +235,10 @@ def test_named_measures_and_curvature_end_to_end():
         assert res.mean == pytest.approx(want, rel=1e-6)
     res = get_measure("hessian-trace-mix").evaluate(MODEL, [BATCH], 0.1)
     assert abs(res.mean - BASE["mix"][0]) <= 5 * res.config["errors"][0]
+    h = curvature(MODEL, [BATCH], "mix", k=1, probes=12, trace_method="hutch++")
+    assert h.config["trace_method"] == "hutch++" and h.matvecs == 12 + h.config["lanczos_steps"]
+    assert abs(h.trace - BASE["mix"][0]) <= 5 * h.trace_stderr
+    with pytest.raises(ValueError, match="at least 3 matvecs"):
+        curvature(MODEL, [BATCH], "mix", k=1, probes=2, trace_method="hutch++")
+    with pytest.raises(ValueError, match="unknown trace method"):
+        curvature(MODEL, [BATCH], "mix", probes=4, trace_method="hutch")
