@@ -1,8 +1,9 @@
 r"""Hessian operators of the loss: the Riemannian Hessian on the quotient and the plain Euclidean one.
 
 **Quotient.** For a :class:`~geosharp_ref.sharpness.space.ProductSpace` (factors k with metric 𝔾_k, horizontal
-projection P_k and geodesic acceleration γ̈_k(0) = −Γ_k(ξ, ξ) from their generated kernels; the adaptive rest
-with the flat metric Σ ξ²/c², c = |θ|) and a loss L invariant under the quotiented symmetries, the
+projection P_k and geodesic acceleration γ̈_k(0) = −Γ_k(ξ, ξ) from their generated kernels, or from a factor's
+own :func:`hessian_block` (the joint LoRA factor, :mod:`.joint_lora_hessian`); the adaptive rest with the flat
+metric Σ ξ²/c², c = |θ|) and a loss L invariant under the quotiented symmetries, the
 Riemannian Hessian of L on the quotient, lifted to horizontal vectors, is (Absil et al. 2008, Prop. 5.3.4)
 
     Hess L[ξ] = P 𝔾⁻¹ ( ∇²L ξ + c(ξ) ),      ⟨c(ξ), η⟩ = ⟨∇L, −Γ(ξ, η)⟩ = ½ ⟨(Dγ̈(ξ))ᵀ ∇L, η⟩
@@ -50,7 +51,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .space import ProductSpace, SpaceOptions, Tangent
 
-__all__ = ["QuotientHessian", "EuclideanHessian", "hessian_vector_product", "HVP_MODES"]
+__all__ = ["QuotientHessian", "EuclideanHessian", "hessian_vector_product", "HVP_MODES", "insert_adjoint"]
 
 #: how ∇²L v is taken: "forward" (forward-over-reverse), "reverse" (double backward), "auto" (forward, falling
 #: back to reverse for a model whose operators lack forward-mode rules)
@@ -147,6 +148,32 @@ class _HVP:
         return self._grad
 
 
+def insert_adjoint(at, names, d: dict, base: dict) -> list:
+    """The adjoint of the linear map blocks ↦ ``at.insert(base, blocks)`` restricted to ``names``, applied to the
+    parameter covector ``d`` (``torch.func.vjp``; ``base`` has the perturbed parameters zeroed)."""
+    zero = tuple(torch.zeros_like(x) for x in at.point)
+    _, pull = torch.func.vjp(lambda *x: tuple(at.insert(base, list(x))[n] for n in names), *zero)
+    return list(pull(tuple(d[n] for n in names)))
+
+
+def hessian_block(at):
+    """The operator's view of one generic factor at the base point (the *block* interface below): the factor's
+    own ``hessian_block()`` where it has one (hand-written geometry, e.g. the joint LoRA factor), else
+    :class:`_Block` from its generated kernels.
+
+    A block has ``at`` (the factor at θ: ``size``, ``point``, ``insert``) and ``factor``, and implements
+    ``whiten``/``unwhiten`` (S = 𝔾^{-1/2} and S⁻¹ on its blocks), ``metric_inverse`` (𝔾⁻¹ on a cotangent),
+    ``project`` (P), ``acceleration_covector(ξ, ∇L)`` (c(ξ)), ``extract(d)`` (its blocks of a parameter
+    direction), ``pull(d, zeroed)`` (the adjoint of its insert on a covector; ``zeroed()`` gives θ with the
+    perturbed parameters zeroed) and ``geodesic_acceleration(x, ξ)`` (γ̈ = −Γ_x(ξ, ξ) at a moving point x)."""
+    if hasattr(at, "hessian_block"):
+        return at.hessian_block()
+    if not hasattr(at.factor, "module"):
+        raise ValueError(f"the Riemannian Hessian needs factors with generated kernels or a hessian_block hook; "
+                         f"{at.factor.keys[0]} is quotiented by a {type(at.factor).__name__}, which has neither")
+    return _Block(at)
+
+
 class _Block:
     """One generic factor at the base point with its metric's right-multiplication matrices: S ξ_X = ξ_X M^{½},
     S⁻¹ ξ_X = ξ_X M^{-½} (M = 𝔾⁻¹ per block, see the module doc); element-wise: M a tensor of the block's
@@ -209,6 +236,22 @@ class _Block:
         _, pull = torch.func.vjp(lambda *x: tuple(fn(*point, *x, **kw)), *xi)
         return [0.5 * c for c in pull(tuple(grad))]
 
+    def geodesic_acceleration(self, point, xi):
+        """γ̈ = −Γ_x(ξ, ξ) at the blocks ``point`` (no cache: the exact geodesic's right-hand side)."""
+        fn = self.factor.module.geodesic_acceleration
+        return list(fn(*point, *xi, **self.factor._kw(None, fn)))
+
+    def extract(self, d):
+        return list(self.factor.binding.extract(d))
+
+    def pull(self, d, zeroed):
+        """The adjoint of the insert: ``extract`` for a binding that cuts blocks out of parameters; through a
+        norm's fold (:func:`~geosharp_ref.symmetry.norm_weights.fold_binding`: W = Ŵ Γ⁻¹) a vjp of the insert."""
+        binding = self.factor.binding
+        if getattr(binding, "norm_folds", ()):
+            return insert_adjoint(self.at, binding.param_names, d, zeroed())
+        return self.extract(d)
+
 
 class _FlatOperator:
     """Flat coordinates shared by both operators: :attr:`dim`, :meth:`matvec_flat`, :meth:`as_linear_operator`."""
@@ -249,13 +292,7 @@ class QuotientHessian(_FlatOperator):
                              "Frobenius ablation) makes the horizontal projection non-orthogonal")
         self.space = space
         self.flat_geometry = not space.geodesic_correction
-        generic = [g for f in space.factors for g in f.generic()]
-        plain = [g for g in generic if not hasattr(g, "module")]
-        if plain:
-            raise ValueError(f"the Riemannian Hessian needs factors with generated kernels; {plain[0].keys[0]} is "
-                             f"quotiented by a {type(plain[0]).__name__} (LoRA × attention), which has none: "
-                             f"evaluate the curvature without --all-symmetries (or symmetries='all') on this model")
-        self.blocks = [_Block(g.at(space.base, SpaceOptions())) for g in generic]
+        self.blocks = [hessian_block(g.at(space.base, SpaceOptions())) for f in space.factors for g in f.generic()]
         if sum(b.at.size for b in self.blocks) != sum(space.sizes):
             raise ValueError("the space's factors and their generic versions disagree on the tangent layout")
         self.names = list(dict.fromkeys([n for f in space.factors for n in f.param_names] + space.adaptive_names))
@@ -310,20 +347,15 @@ class QuotientHessian(_FlatOperator):
         or of a parameter direction (``covector=False``: each factor's ``extract``), with the masked adaptive
         entries. The two agree for bindings that cut blocks out of parameters; for a binding seen through a
         norm's fold (:func:`~geosharp_ref.symmetry.norm_weights.fold_binding`: W = Ŵ Γ⁻¹) a direction maps to
-        d Γ and a covector to d Γ⁻¹, so the adjoint is taken by ``torch.func.vjp`` of the linear ``insert``."""
-        full = {**self.space.base, **d}
-        parts, base = [], None
-        for b in self.blocks:
-            binding = b.factor.binding
-            if covector and getattr(binding, "norm_folds", ()):
-                zero = tuple(torch.zeros_like(x) for x in b.at.point)
-                if base is None:  # θ with the perturbed parameters zeroed, once per call
-                    base = {**self.space.base, **{n: torch.zeros_like(self.space.base[n]) for n in self.names}}
-                _, pull = torch.func.vjp(lambda *x, base=base, at=b.at: tuple(
-                    at.insert(base, list(x))[n] for n in binding.param_names), *zero)
-                parts.append(list(pull(tuple(full[n] for n in binding.param_names))))
-            else:
-                parts.append(list(binding.extract(full)))
+        d Γ and a covector to d Γ⁻¹, so the adjoint is taken by ``torch.func.vjp`` of the linear ``insert``
+        (each block's ``pull``)."""
+        full, zeroed = {**self.space.base, **d}, []
+
+        def zeroed_base():  # θ with the perturbed parameters zeroed, built once per call where a block needs it
+            if not zeroed:
+                zeroed.append({**self.space.base, **{n: torch.zeros_like(self.space.base[n]) for n in self.names}})
+            return zeroed[0]
+        parts = [b.pull(full, zeroed_base) if covector else b.extract(full) for b in self.blocks]
         rest = [d[n] if m is None else d[n] * m.to(d[n].dtype) for n, m in zip(self.space.adaptive_names,
                                                                                  self.space.masks)]
         return parts, rest

@@ -51,6 +51,7 @@ from ..symmetry import LoRABinding, lora_bindings
 from .exact_geodesic import GeodesicPart
 from .factors import check_rank, random_tangent_like
 from .joint_lora_geodesic import joint_lora_acceleration, spd_product_eig
+from .joint_lora_hessian import JointLoRAHessianBlock
 from .space import SpaceOptions, frobenius
 
 __all__ = ["JointLoRAFactor", "JointLoRAFactorAt", "joint_lora_factors", "lora_scaling"]
@@ -449,6 +450,10 @@ class JointLoRAFactorAt:
         """Hook of the exact geodesic: one part, every block, acceleration −Γ_x(v, v) at the current x."""
         return [GeodesicPart([[i] for i in range(self.size)], tuple(self.point),
                              lambda q, v: tuple(self.acceleration(list(q), list(v))))]
+
+    def hessian_block(self):
+        """The Riemannian Hessian's view of this factor (:mod:`.joint_lora_hessian`)."""
+        return JointLoRAHessianBlock(self)
 
     def lincomb(self, terms):
         return [combine([(c, x[j]) for c, x, _ in terms]) for j in range(self.size)], None

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from geosharp_ref.cli import main
+from geosharp_ref.sharpness.curvature import curvature
 from tests import cases
 
 cases.quiet_transformers()
@@ -55,9 +56,9 @@ def test_verify_moves_along_every_orbit_at_once_and_evaluate_records_the_joint_g
     assert f"{norms} joint groups (norm weights" in line
 
 
-def test_curvature_refuses_the_joint_lora_factor_in_one_line(tmp_path, capsys):
-    """The Riemannian Hessian needs generated-kernel factors; LoRA × attention is a generic joint factor: one error
-    line, exit 2, before any Hessian-vector product."""
+def test_curvature_quotients_lora_jointly_with_attention_and_equals_the_library(tmp_path, capsys):
+    """`curvature --all-symmetries` on a peft adapter: the adapter is quotiented jointly with its Q/K pairs (the
+    joint LoRA factor's Hessian block), and the printed and JSON numbers equal the library's on the same model."""
     pytest.importorskip("peft")
     torch.manual_seed(0)
     base = cases.bert(initializer_range=cases.IR, attn_implementation=None)
@@ -69,10 +70,19 @@ def test_curvature_refuses_the_joint_lora_factor_in_one_line(tmp_path, capsys):
     cfg["base_model_name_or_path"] = str(tmp_path / "base")
     cfg_path.write_text(json.dumps(cfg))
     gen = torch.Generator().manual_seed(1)
-    torch.save({"inputs": {"input_ids": torch.randint(3, 50, (8, 7), generator=gen)},
-                "targets": torch.randint(3, (8,), generator=gen)}, tmp_path / "data.pt")
+    x, y = torch.randint(3, 50, (8, 7), generator=gen), torch.randint(3, (8,), generator=gen)
+    torch.save({"inputs": {"input_ids": x}, "targets": y}, tmp_path / "data.pt")
+    out = tmp_path / "curv.json"
     capsys.readouterr()
     assert main(["curvature", str(tmp_path / "adapter"), "--data", str(tmp_path / "data.pt"), "--all-symmetries",
-                 "--probes", "2", "--top-k", "1", "--lanczos-steps", "3", "--no-euclidean"]) == 2
-    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("geosharp: error:")]
-    assert len(err) == 1 and "JointLoRAFactor (LoRA × attention)" in err[0]
+                 "--batch-size", "4", "--probes", "3", "--top-k", "1", "--lanczos-steps", "4", "--no-euclidean",
+                 "--float64", "--no-progress", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    got = json.loads(out.read_text())["results"]["mix"]
+    ref = curvature(model.eval(), [({"input_ids": x[:4]}, y[:4])], "mix", k=1, probes=3, steps=4, symmetries=["all"],
+                    dtype=torch.float64)
+    assert any(k.endswith(":lora") for k in got["config"]["factors"]) and got["config"]["factors"] == \
+        ref.config["factors"]
+    assert got["trace"] == pytest.approx(ref.trace, rel=1e-8)
+    assert got["eigenvalues"] == pytest.approx(ref.eigenvalues, rel=1e-8)
+    assert f"{ref.eigenvalues[0]:.6g}" in printed

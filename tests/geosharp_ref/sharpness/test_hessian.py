@@ -9,11 +9,16 @@
 * the Euclidean operator equals torch.autograd.functional.hessian.
 
 Models: the one-attention classifier (GL(h) Q/K and V/O pairs under inv and mix, the adaptive rest), the
-ReLU MLP with its built-in GL(1) unit binding, and the same MLP with a declared scaling binding (a generic
-factor of the generated ``scaling`` kernels on its output layer); for the geodesic check also the tiny Llama's
+ReLU MLP with its built-in GL(1) unit binding, the same MLP with a declared scaling binding (a generic
+factor of the generated ``scaling`` kernels on its output layer), and a one-layer BERT with peft LoRA on the
+query (into the heads) and the attention output (out of them), each adapter quotiented jointly with its pair
+(:class:`~geosharp_ref.sharpness.joint_lora.JointLoRAFactor`, inv and mix: the hand-written block of
+:mod:`~geosharp_ref.sharpness.joint_lora_hessian`); for the geodesic check also the tiny Llama's
 grouped-query Q/K pairs under the RoPE subgroup (``rope_half_mix``, kernel options).
 """
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import pytest
@@ -24,7 +29,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from geosharp_ref.sharpness import Factor, ProductSpace, build_space, default_loss, model_loss
 from geosharp_ref.sharpness.curvature import exact_trace, top_eigenvalues
 from geosharp_ref.sharpness.hessian import EuclideanHessian, QuotientHessian, hessian_vector_product
-from geosharp_ref.symmetry import symmetry_map
+from geosharp_ref.sharpness.joint_lora import joint_lora_factors
+from geosharp_ref.symmetry import NoAttentionPairsWarning, symmetry_map
 from tests import cases
 
 DT = torch.float64
@@ -60,6 +66,18 @@ def _space(kind, metric="mix"):
         model, batch = _attention()
         params = {n: p.detach() for n, p in model.named_parameters()}
         return model, batch, build_space(params, symmetry_map(model), metric)
+    if kind == "joint-lora":  # LoRA × attention, one factor per adapter and its pair; nothing else perturbed
+        pytest.importorskip("peft")
+        torch.manual_seed(0)
+        model = cases.lora(cases.bert(initializer_range=cases.IR, hidden_size=8, intermediate_size=16,
+                                      num_hidden_layers=1), targets=("query", "attention.output.dense")).to(DT).eval()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=NoAttentionPairsWarning)
+            factors, _ = joint_lora_factors(model, symmetry_map(model).groups, metric)
+        params = {n: p.detach() for n, p in model.named_parameters()}
+        batch = ({"input_ids": torch.randint(3, 50, (4, 7), generator=torch.Generator().manual_seed(1))},
+                 torch.tensor([0, 1, 2, 1]))
+        return model, batch, ProductSpace(params, factors, adaptive_masks={})
     if kind == "llama-rope":  # the RoPE subgroup on grouped-query Q/K pairs (generic factors, kernel options)
         case = cases.build_binding_case("llama-rope-qk")
         return case.model, case.batch, build_space(case.params, None, None, case.bindings)
@@ -70,8 +88,9 @@ def _space(kind, metric="mix"):
     return model, batch, ProductSpace(params, [Factor("scaling", OutputScaling())])
 
 
-CASES = [("attention", "inv"), ("attention", "mix"), ("relu-units", "mix"), ("declared-scaling", None)]
-IDS = ["attention-inv", "attention-mix", "relu-units", "declared-scaling"]
+CASES = [("attention", "inv"), ("attention", "mix"), ("relu-units", "mix"), ("declared-scaling", None),
+         ("joint-lora", "inv"), ("joint-lora", "mix")]
+IDS = ["attention-inv", "attention-mix", "relu-units", "declared-scaling", "joint-lora-inv", "joint-lora-mix"]
 
 
 def _loss(kind, model, batch):
@@ -81,7 +100,8 @@ def _loss(kind, model, batch):
 
 def _geodesic_loss(op, space, loss, xi, ts):
     """L(γ(t)) for t in ``ts``: γ̈ = −Γ_γ(γ̇, γ̇) integrated with solve_ivp (float64) from (θ, ξ), factor by
-    factor from the generated geodesic acceleration at the moving point (no cache), flat on the rest."""
+    factor from the geodesic acceleration at the moving point (the generated one, no cache; the joint LoRA
+    factor's closed form), flat on the rest."""
     parts, rest = op._split(xi)
     shapes = [x.shape for p in parts for x in p]
     sizes = [int(np.prod(s)) for s in shapes]
@@ -106,8 +126,7 @@ def _geodesic_loss(op, space, loss, xi, ts):
         n = len(y) // 2
         acc = []
         for b, X, V in zip(op.blocks, blocks_of(y[:n]), blocks_of(y[n:])):
-            fn = b.factor.module.geodesic_acceleration
-            acc += [a.reshape(-1).numpy() for a in fn(*X, *V, **b.factor._kw(None, fn))]
+            acc += [a.reshape(-1).numpy() for a in b.geodesic_acceleration(X, V)]
         return np.concatenate([y[n:], np.concatenate(acc)])
 
     values = []

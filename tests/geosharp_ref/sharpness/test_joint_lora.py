@@ -7,7 +7,8 @@ lifted blocks by hand from the parameter names) and the generated ``gl_<metric>`
 from ``torch.func.jvp`` of the bindings' own ``act`` (LoRABinding, PairGroup); the g-orthogonal projection by
 dense least squares; the closed-form γ̈ against torch.func (jvp, grad) of the metric matrix and by the Koszul
 identity g(γ̈, η) = ½ D_η g(ξ, ξ) − D_ξ g(ξ, η) with central finite differences of that independent metric;
-E(tξ) against an RK4-integrated geodesic (error O(t³)); whole-model geodesic sharpness along every orbit at once.
+E(tξ) against an RK4-integrated geodesic (error O(t³)); whole-model geodesic sharpness along every orbit at once;
+the Riemannian Hessian through this factor equivariant along every orbit at once (the Euclidean one is not).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from hypothesis import given, settings, strategies as st
 from geosharp_ref.apgd import apgd
 from geosharp_ref.forward import model_loss
 from geosharp_ref.kernels import load_kernels
+from geosharp_ref.sharpness.hessian import QuotientHessian
 from geosharp_ref.sharpness.joint_lora import JointLoRAFactor, joint_lora_factors
 from geosharp_ref.sharpness.space import ProductSpace
 from geosharp_ref.symmetry import NoAttentionPairsWarning, lora_bindings, symmetry_map
@@ -158,6 +160,39 @@ def test_metric_projection_and_geodesic_are_invariant_under_random_joint_element
     assert _rel(act(h), moved.project(act(xi))) <= 1e-8
     E = fa.geodesic2([0.1 * x for x in h])
     assert _rel(act(E), moved.geodesic2([0.1 * x for x in act(h)])) <= 1e-8  # the action is linear
+
+
+@pytest.mark.parametrize("metric", METRICS)
+@settings(max_examples=3, deadline=None)
+@given(data=st.data())
+def test_riemannian_hessian_is_equivariant_under_random_joint_elements(qkvo, metric, data):
+    """The quotient Hessian of the loss through this factor (joint_lora_hessian) at ψ(θ): Hess'(ψξ) = ψ(Hess ξ)
+    and the Rayleigh quotient g(ψξ, Hess' ψξ) / g(ψξ, ψξ) = g(ξ, Hess ξ) / g(ξ, ξ) (relative ≤ 1e-8, a ∈ [1e-2,
+    1e2]); the Euclidean Rayleigh quotient ∇²L[ξ, ξ] / ‖ξ‖² (what the Euclidean trace and eigenvalues are made
+    of) changes, since ψ is not orthogonal (∇²L[ψξ, ψξ] at ψ(θ) itself equals ∇²L[ξ, ξ]: L∘ψ = L, ψ linear)."""
+    model, _, params, batch = qkvo
+    f, fa = _factor(qkvo, data.draw(st.sampled_from([0, 1])), metric)
+    point = data.draw(orbit_points(list(f.lora) + list(f.pairs), params))
+    loss = lambda p: model_loss(model, p, batch)  # noqa: E731
+    op0 = QuotientHessian(ProductSpace(params, [f], adaptive_masks={}), loss)
+    op1 = QuotientHessian(ProductSpace(point.params, [f], adaptive_masks={}), loss)
+
+    def act(v):
+        d = _as_dict(fa, params, v)
+        for b, e in zip(point.bindings, point.elements):
+            d = b.act(d, e.value)
+        return _blocks(f, d)
+    xi = fa.project(fa.random(torch.Generator().manual_seed(point.seed % 1000)))
+    assert _rel(act(op0.matvec(xi)), op1.matvec(act(xi))) <= 1e-8
+    r0, r1 = (op.quadratic_form(v) / float(op.inner(v, v)) for op, v in ((op0, xi), (op1, act(xi))))
+    assert abs(r1 - r0) <= 1e-8 * abs(r0), (point, r0, r1)
+
+    def euclidean_rayleigh(op, v):
+        d = op.to_params(v)
+        hv = op.hvp(d)
+        return sum(float((hv[n] * d[n]).sum()) for n in op.names) / sum(float((d[n] ** 2).sum()) for n in op.names)
+    e0, e1 = euclidean_rayleigh(op0, xi), euclidean_rayleigh(op1, act(xi))
+    assert abs(e1 - e0) > 1e-3 * abs(e0), (point, e0, e1)
 
 
 # -- the projection against dense least squares ----------------------------------------------------------------
