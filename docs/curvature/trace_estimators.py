@@ -1,6 +1,7 @@
 """Hutchinson vs Hutch++ at the same number of Hessian-vector products, against the exact trace.
 
-A one-attention classifier (nn.MultiheadAttention, d = 8, 2 heads, mean pooling, 3 classes; 315 parameters) is
+A one-attention classifier (``tests.cases.models.TinyAttention``: nn.MultiheadAttention, d = 8, 2 heads, mean
+pooling, 3 classes; 315 parameters) is
 trained in float64 with Adam (lr 1e-2) on 96 random sequences whose labels a linear rule of the mean token sets,
 for 300 steps (train loss ≈ 2e-4, accuracy 1) and for 2,000 steps (≈ 5e-6). For its quotient Hessian (mix) and
 its Euclidean Hessian the exact trace is the trace of the dense operator (its N columns); each estimator is run
@@ -13,6 +14,7 @@ sketch can remove), and the share of estimates whose interval ±2 standard error
 import json
 import math
 import sys
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -23,25 +25,18 @@ from geosharp_ref.sharpness.curvature import hutchinson_trace, hutchpp_trace
 from geosharp_ref.sharpness.hessian import EuclideanHessian, QuotientHessian
 from geosharp_ref.symmetry import symmetry_map
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: the test suite's model table
+from tests.cases.models import TinyAttention  # noqa: E402
+
 DT = torch.float64
 SEEDS = 200
 MATVECS = (12, 24, 48)
 ESTIMATORS = {"hutchinson": hutchinson_trace, "hutch++": hutchpp_trace}
 
 
-class Attention(nn.Module):
-    def __init__(self, d=8, heads=2, classes=3):
-        super().__init__()
-        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
-        self.head = nn.Linear(d, classes)
-
-    def forward(self, x):
-        return self.head(self.attn(x, x, x, need_weights=False)[0].mean(1))
-
-
 def trained(steps):
     torch.manual_seed(0)
-    model = Attention().double()
+    model = TinyAttention(d=8, heads=2, classes=3).double()
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(96, 5, 8, generator=gen, dtype=DT)
     y = (x.mean(1) @ torch.randn(8, 3, generator=gen, dtype=DT)).argmax(1)
