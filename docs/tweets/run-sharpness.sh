@@ -1,8 +1,9 @@
 #!/bin/bash
 # The tweets population's stages after training (docs/tweets/PROTOCOL.md, "Commands"), run from the snapshot
-# worktree /work/pop-eval of a commit at or after amendment 4 (length buckets); every stage resumes where it
+# worktree /work/pop-eval of a commit at or after amendment 5 (curvature errors); every stage resumes where it
 # stopped, so rerun this script after an interruption. Two cores: the reliability's test predictions and the
-# calibration with two threads, then the main evaluation and the ablations side by side with one thread each.
+# calibration with two threads, then the main evaluation beside the ablations and, after them, the exploratory
+# curvature measures (amendment 5), one thread each.
 # usage: run-sharpness.sh   (copy it to /work/populations/tweets/; nohup ./run-sharpness.sh > sharpness.log 2>&1 &)
 set -euo pipefail
 cd /work/pop-eval
@@ -24,12 +25,18 @@ OMP_NUM_THREADS=1 gs population evaluate --out "$DIR" --calibration --batches 4 
     --length-buckets 8 --threads 1 --no-progress --measures adaptive geodesic-inv geodesic-mix \
     adaptive-linearised geodesic-inv-linearised geodesic-mix-linearised &
 main=$!
+{  # the ablations, then the exploratory curvature measures (amendment 5), beside the main evaluation
 OMP_NUM_THREADS=1 gs population evaluate --out "$DIR" --calibration --sizes 1e-3 1e-2 --tag ablations --batches 4 \
     --batch-size 128 --iters 20 --length-buckets 8 --threads 1 --no-progress --measures \
-    geodesic-inv-first-order geodesic-mix-first-order geodesic-inv-frobenius geodesic-mix-frobenius &
-ablations=$!
+    geodesic-inv-first-order geodesic-mix-first-order geodesic-inv-frobenius geodesic-mix-frobenius
+OMP_NUM_THREADS=1 gs population evaluate --out "$DIR" --rho 1 --tag curvature --batches 1 --batch-size 128 \
+    --length-buckets 8 --threads 1 --no-progress --measures hessian-trace-inv hessian-trace-mix \
+    hessian-trace-euclidean hessian-top-eigenvalue-inv hessian-top-eigenvalue-mix hessian-top-eigenvalue-euclidean
+} &
+others=$!
 wait "$main"
-wait "$ablations"
+wait "$others"
 gs population correlate --out "$DIR"
 gs population correlate --out "$DIR" --tag ablations
+gs population correlate --out "$DIR" --tag curvature
 nice -n 19 "$PY" -m geosharp_ref.studies.population.tweets_analysis analyse "$DIR"

@@ -102,7 +102,7 @@ def read_units(out: Path, files: dict, digest: str) -> dict:
                                  f"'measure', 'rho', 'settings', 'value', 'per_batch', 'loss'); delete that line (the "
                                  f"measure is evaluated again) or the file")
             if u["settings"] == digest:
-                unit = {k: u[k] for k in ("value", "per_batch", "loss", "relative_size") if k in u}
+                unit = {k: u[k] for k in ("value", "per_batch", "loss", "relative_size", "errors") if k in u}
                 units.setdefault((u["model"], u["measure"], u["rho"]), unit)
     return units
 
@@ -142,7 +142,9 @@ def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, se
     matched in perturbation size). ``measures`` from :data:`ALL_MEASURES`: ``adaptive``,
     ``geodesic-{inv,mix}``, the ablations ``geodesic-{inv,mix}-first-order`` (no γ̈ correction) and
     ``geodesic-{inv,mix}-frobenius`` (Frobenius norm on the pair components), and the first-order measures
-    ``*-linearised`` (ρ times the dual norm of the gradient; no relative size). ``length_buckets`` K: each
+    ``*-linearised`` (ρ times the dual norm of the gradient; no relative size), and the curvature measures
+    ``hessian-*`` (ρ unused; their per-batch Hutchinson standard errors or Lanczos residual bounds in
+    ``"errors": {measure: {rho_key: [...]}}``). ``length_buckets`` K: each
     padded text batch evaluated in K groups of similar length (:func:`geosharp_ref.forward.length_buckets`).
 
     Resuming inside a model: ``done`` holds units already measured, ``{(measure, rho_key): unit}`` with unit
@@ -153,7 +155,7 @@ def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, se
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         smap = build_symmetry_map(model)
-    values, per_batch, sizes, loss = {}, {}, {}, None
+    values, per_batch, sizes, errors, loss = {}, {}, {}, {}, None
     for measure in measures:
         values[measure], per_batch[measure], sizes[measure] = {}, {}, {}
         m = NAMED_MEASURES[measure]
@@ -167,16 +169,22 @@ def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, se
                             loss=sum(r.loss_before) / len(r.loss_before))
                 if r.relative_size:
                     unit["relative_size"] = r.median_relative_size
+                if (r.config or {}).get("errors"):  # curvature: Hutchinson standard errors / Lanczos bounds
+                    unit["errors"] = [float(e) for e in r.config["errors"]]
                 if on_unit is not None:
                     on_unit(measure, key, unit)
             values[measure][key] = unit["value"]
             per_batch[measure][key] = unit["per_batch"]
             if "relative_size" in unit:
                 sizes[measure][key] = unit["relative_size"]
+            if "errors" in unit:
+                errors.setdefault(measure, {})[key] = unit["errors"]
             loss = unit["loss"]
     out = dict(values=values, per_batch=per_batch, loss=loss, heads=sum(g.num_heads for g in smap.groups))
     if any(sizes.values()):
         out["relative_size"] = {k: v for k, v in sizes.items() if v}
+    if errors:
+        out["errors"] = errors
     return out
 
 

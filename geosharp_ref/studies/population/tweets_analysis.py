@@ -17,7 +17,8 @@ the two measures (it sets how precise the paired contrast is).
 every corner must reach train error ≤ :data:`PILOT_MAX_TRAIN_ERROR`. It never prints or returns a test error.
 
 ``analyse`` runs :func:`~geosharp_ref.studies.population.reanalysis.reanalyse` on the population directory
-(after ``geosharp population reliability`` and ``correlate``) and adds the protocol's checks.
+(after ``geosharp population reliability`` and ``correlate``) and adds the protocol's checks, the ablations'
+contrasts (H3/H4) and the exploratory curvature measures (:func:`curvature_analysis`).
 """
 from __future__ import annotations
 
@@ -29,11 +30,14 @@ from pathlib import Path
 import numpy as np
 
 from ...io.durable import write_json_atomic
+from ...stats import kendall_with_ci
+from .evaluation import read_results
 from .reanalysis import (PAPER_MNLI_TAU, attenuated_tau, contrast_power, kendall_null_sd, kendall_power,
-                         min_detectable_tau, reanalyse, signed_tau_difference)
-from .tweets import N_MODELS, PILOT_CORNERS
+                         min_detectable_tau, partial_tau_with_ci, reanalyse, signed_tau_difference)
+from .tweets import CURVATURE_PROTOCOL, N_MODELS, PILOT_CORNERS
 
-__all__ = ["power_statement", "judge_pilot", "analyse", "holm", "ablation_contrasts", "PILOT_MAX_TRAIN_ERROR", "MIN_RELIABILITY"]
+__all__ = ["power_statement", "judge_pilot", "analyse", "holm", "ablation_contrasts", "curvature_analysis",
+           "PILOT_MAX_TRAIN_ERROR", "MIN_RELIABILITY"]
 
 PILOT_MAX_TRAIN_ERROR = 0.05
 MIN_RELIABILITY = 0.9
@@ -141,6 +145,41 @@ def ablation_contrasts(out, n_boot: int = 1000, seed: int = 0) -> dict:
     return res
 
 
+def curvature_analysis(out, n_boot: int = 1000, seed: int = 0) -> dict:
+    """Exploratory (amendment 5; outside the primary family and its Holm correction): for every curvature
+    measure of the tagged evaluation ``curvature`` its τ with the gap (bootstrap interval), its partial τ given the
+    train error, and its measurement error: for a trace the reliability 1 − mean(SE²) / var over the models (SE
+    the Hutchinson standard error of the model's value, √(Σ_b SE_b²) / B), for a top eigenvalue the largest
+    Lanczos residual bound relative to the value. For each quotient measure, the signed contrast
+    τ(quotient, gap) − τ(Euclidean, gap) of the same quantity. Reads ``correlation-curvature.csv`` and
+    ``results-curvature.jsonl``; ``{}`` where the curvature is not correlated yet."""
+    out = Path(out)
+    if not (out / "correlation-curvature.csv").is_file():
+        return {}
+    with open(out / "correlation-curvature.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    records = read_results(out, CURVATURE_PROTOCOL["tag"])
+    names = [r["model"] for r in rows]
+    gap, train = (np.array([float(r[k]) for r in rows]) for k in ("gap", "train_error"))
+    cols = {k.split("@rho=")[0]: (k, k.split("@rho=")[1]) for k in rows[0] if "@rho=" in k}
+    values = {m: np.array([float(r[k]) for r in rows]) for m, (k, _) in cols.items()}
+    res = {}
+    for m, (_, rho) in cols.items():
+        x, errors = values[m], [records[n]["errors"][m][rho] for n in names]
+        cell = dict(tau=kendall_with_ci(x, gap, n_boot=n_boot, seed=seed),
+                    partial_tau_given_train_error=partial_tau_with_ci(x, gap, train, n_boot=n_boot, seed=seed))
+        if "trace" in m:
+            se = np.array([np.sqrt(np.sum(np.square(e))) / len(e) for e in errors])
+            cell["hutchinson_reliability"] = float(1 - np.mean(se ** 2) / np.var(x, ddof=1))
+        else:
+            cell["max_relative_residual_bound"] = float(max(max(e) / abs(v) for e, v in zip(errors, x)))
+        euclidean = m.rsplit("-", 1)[0] + "-euclidean"
+        if not m.endswith("-euclidean") and euclidean in values:
+            cell["contrast_vs_euclidean"] = signed_tau_difference(x, values[euclidean], gap, n_boot=n_boot, seed=seed)
+        res[m] = cell
+    return res
+
+
 def analyse(out, n_boot: int = 1000, seed: int = 0) -> dict:
     """The primary analysis of a finished population directory (see the protocol): :func:`reanalyse` plus the
     protocol's checks (the number of models and the measured gap reliability)."""
@@ -154,6 +193,7 @@ def analyse(out, n_boot: int = 1000, seed: int = 0) -> dict:
         c["p_bootstrap"], c["p_holm"] = p, adj
         c["geodesic_better"] = bool(adj < 0.05 and c["difference"] > 0)
     res["ablations"] = ablation_contrasts(out, n_boot=n_boot, seed=seed)
+    res["curvature_exploratory"] = curvature_analysis(out, n_boot=n_boot, seed=seed)
     res["protocol_checks"] = dict(models_at_least=N_MODELS, models_ok=res["models"] >= N_MODELS,
                                   reliability_at_least=MIN_RELIABILITY,
                                   reliability_ok=res["reliability"]["pearson_full_spearman_brown"] >= MIN_RELIABILITY)

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from geosharp_ref.io.models import load_model
-from geosharp_ref.sharpness import geodesic_sharpness
+from geosharp_ref.sharpness import geodesic_sharpness, get_measure
 from geosharp_ref.studies import population as pop
+from geosharp_ref.symmetry import symmetry_map
 from tests import cases
 
 N_MODELS = cases.POPULATION_MODELS
@@ -116,6 +117,30 @@ def test_tagged_ablation_evaluation_is_separate(reference, tmp_path):
     assert set(res["tau"]["0.02"]) == set(ev["measures"]) and (out / "correlation-abl.json").is_file()
     with pytest.raises(FileNotFoundError, match="--tag nope"):
         pop.correlate_population(out, tag="nope")
+
+
+def test_curvature_evaluation_records_the_standard_errors_of_each_batch(reference, tmp_path):
+    """A tagged curvature evaluation (the tweets protocol's exploratory measures): each record's value, per-batch
+    values and per-batch errors (Hutchinson standard errors, Lanczos residual bounds) equal direct
+    ``get_measure(...).evaluate`` calls; the errors are positive and finite."""
+    out = cases.copy_population(reference, tmp_path)
+    measures = ("hessian-trace-mix", "hessian-top-eigenvalue-euclidean")
+    recs = pop.evaluate_population(out, tag="curv", **dict(EVAL, rhos=(1.0,), measures=measures))
+    man = json.loads((out / "population.json").read_text())
+    batches = pop.sharpness_batches(man, EVAL["n_batches"], EVAL["batch_size"], out)
+    model = load_model(out / "models/model_002")
+    rec = recs["model_002"]
+    for name in measures:
+        direct = get_measure(name).evaluate(model, batches, 1.0, symmetry_map=symmetry_map(model), seed=0)
+        assert rec["values"][name]["1"] == pytest.approx(direct.mean, rel=1e-10)
+        assert rec["per_batch"][name]["1"] == pytest.approx(direct.per_batch, rel=1e-10)
+        assert rec["errors"][name]["1"] == pytest.approx(direct.config["errors"], rel=1e-8)
+        assert all(np.isfinite(e) and e > 0 for e in rec["errors"][name]["1"])
+    assert "errors" not in cases.jsonl(reference / "results.jsonl")[0]  # Auto-PGD records have none
+    res = pop.correlate_population(out, n_boot=50, tag="curv", plot=False)  # what the tweets analysis reads
+    assert set(res["tau"]["1"]) == set(measures)
+    header = (out / "correlation-curv.csv").read_text().splitlines()[0].split(",")
+    assert {"gap", "train_error", "hessian-trace-mix@rho=1"} <= set(header)
 
 
 class _Killed(Exception):

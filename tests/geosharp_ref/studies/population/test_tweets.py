@@ -15,8 +15,9 @@ from geosharp_ref.studies.population.manifest import read_manifest
 from geosharp_ref.studies.population.minilm import checkpoint_dir
 from geosharp_ref.studies.population.tasks import get_task
 from geosharp_ref.studies.population.training import train_population
-from geosharp_ref.studies.population.tweets import (ABLATION_PROTOCOL, ACCEPTED_STAGE, CORPUS_SHA256, DECLARED_SPACE,
-                                                    EVALUATION_PROTOCOL, PILOT_CORNERS, POOL, RECIPE_SPACE, TWEET_LABELS, TweetsPilotTask, TweetsRecipesTask,
+from geosharp_ref.studies.population.tweets import (ABLATION_PROTOCOL, ACCEPTED_STAGE, CORPUS_SHA256, CURVATURE_PROTOCOL,
+                                                    DECLARED_SPACE, EVALUATION_PROTOCOL, PILOT_CORNERS, POOL,
+                                                    RECIPE_SPACE, TWEET_LABELS, TweetsPilotTask, TweetsRecipesTask,
                                                     corpus_file, read_tweets, tweets_split)
 
 
@@ -235,6 +236,46 @@ def test_ablation_contrasts_pair_by_size_not_by_rho(tmp_path):
     assert ablation_contrasts(tmp_path / "nothing") == {} if (tmp_path / "nothing").mkdir() is None else False
 
 
+def test_curvature_analysis_is_exploratory_and_reads_the_standard_errors(tmp_path):
+    from scipy.stats import kendalltau
+
+    from geosharp_ref.studies.population.reanalysis import signed_tau_difference
+    from geosharp_ref.studies.population.tweets_analysis import curvature_analysis
+
+    rng = np.random.default_rng(1)
+    n = 16
+    names = [f"model_{i:03d}" for i in range(n)]
+    gap, train = rng.standard_normal(n), rng.uniform(0, 0.05, n)
+    trace_q, trace_e = gap + rng.standard_normal(n), rng.standard_normal(n) + 10
+    eig_q = 5 + rng.standard_normal(n)
+    se = rng.uniform(0.1, 0.3, n)
+    cols = {"hessian-trace-mix": trace_q, "hessian-trace-euclidean": trace_e, "hessian-top-eigenvalue-mix": eig_q}
+    with open(tmp_path / "correlation-curvature.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["model", "gap", "train_error"] + [f"{m}@rho=1" for m in cols])
+        w.writerows([names[i], gap[i], train[i]] + [cols[m][i] for m in cols] for i in range(n))
+    with open(tmp_path / "results-curvature.jsonl", "w") as f:
+        for i, name in enumerate(names):
+            rec = dict(model=name, values={m: {"1": float(cols[m][i])} for m in cols},
+                       errors={"hessian-trace-mix": {"1": [float(se[i])]}, "hessian-trace-euclidean": {"1": [0.0]},
+                               "hessian-top-eigenvalue-mix": {"1": [1e-3 * (i + 1)]}})
+            f.write(json.dumps(rec) + "\n")
+    got = curvature_analysis(tmp_path, n_boot=100)
+    assert set(got) == set(cols)
+    mix = got["hessian-trace-mix"]
+    assert mix["tau"]["tau"] == pytest.approx(kendalltau(trace_q, gap).statistic)
+    assert mix["hutchinson_reliability"] == pytest.approx(1 - np.mean(se ** 2) / np.var(trace_q, ddof=1))
+    assert got["hessian-trace-euclidean"]["hutchinson_reliability"] == pytest.approx(1.0)
+    assert mix["contrast_vs_euclidean"] == signed_tau_difference(trace_q, trace_e, gap, n_boot=100)
+    assert "contrast_vs_euclidean" not in got["hessian-trace-euclidean"]
+    eig = got["hessian-top-eigenvalue-mix"]  # no Euclidean eigenvalue column: no contrast
+    assert "contrast_vs_euclidean" not in eig
+    assert eig["max_relative_residual_bound"] == pytest.approx(max(1e-3 * (i + 1) / abs(eig_q[i]) for i in range(n)))
+    assert -1 <= mix["partial_tau_given_train_error"]["tau"] <= 1
+    (tmp_path / "none").mkdir()
+    assert curvature_analysis(tmp_path / "none") == {}
+
+
 def test_the_sharpness_script_runs_the_protocols_commands():
     """docs/tweets/run-sharpness.sh (the resumable sittings after training) parses, and runs the calibration and
     the two evaluations with the protocol's measures, sizes, points, iterations and length buckets."""
@@ -253,7 +294,12 @@ def test_the_sharpness_script_runs_the_protocols_commands():
             a = parser.parse_args(shlex.split(m.group(1).replace('"$DIR"', "/pop")))
             runs[(a.action, getattr(a, "tag", ""))] = a
     assert list(runs) == [("reliability", ""), ("calibrate", ""), ("evaluate", ""), ("evaluate", "ablations"),
-                          ("correlate", ""), ("correlate", "ablations")]
+                          ("evaluate", "curvature"), ("correlate", ""), ("correlate", "ablations"),
+                          ("correlate", "curvature")]
+    curv = runs["evaluate", "curvature"]
+    assert tuple(curv.measures) == CURVATURE_PROTOCOL["measures"] and curv.rho == [CURVATURE_PROTOCOL["rho"]]
+    assert (curv.batches, curv.batch_size, curv.length_buckets) == tuple(
+        CURVATURE_PROTOCOL[k] for k in ("batches", "batch_size", "length_buckets")) and not curv.calibration
     cal, main, abl = runs["calibrate", ""], runs["evaluate", ""], runs["evaluate", "ablations"]
     assert tuple(cal.sizes) == EVALUATION_PROTOCOL["sizes"] and tuple(cal.probe_rho) == EVALUATION_PROTOCOL["probe_rhos"]
     assert set(cal.measures) == {m for m in EVALUATION_PROTOCOL["measures"] + ABLATION_PROTOCOL["measures"]
