@@ -11,23 +11,15 @@ seconds and the values; then test-set inference on 4,096 test tweets by ``batche
 import json
 import sys
 import time
-import warnings
 
 import torch
 
 from geosharp_ref.sharpness.measures import MEASURES
 from geosharp_ref.studies.population.training import batched_logits, logits_by_length
-from geosharp_ref.studies.population.tweets import LENGTH_BUCKETS, TweetsRecipesTask
-from geosharp_ref.symmetry import symmetry_map
+from geosharp_ref.studies.population.tweets import LENGTH_BUCKETS
+from timing_setup import pretrained_and_first_batch
 
-torch.set_num_threads(1)
-warnings.filterwarnings("ignore")
-task = TweetsRecipesTask()
-split = task.load_split(task.data_spec(0))
-torch.manual_seed(0)
-model = task.build_model({}).eval()
-batch = ({k: v[:128] for k, v in split.pool.items()}, split.y_pool[:128])
-smap = symmetry_map(model)
+split, model, batch, smap = pretrained_and_first_batch()
 res = dict(real_tokens=float(batch[0]["attention_mask"].float().mean()), runs={})
 for name, rho in (("adaptive", 0.09), ("geodesic-inv", 0.036), ("geodesic-mix", 0.053)):
     m = MEASURES[name]

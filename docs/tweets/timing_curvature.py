@@ -12,24 +12,16 @@ the difference removes). One plain gradient of the same batch is timed beside th
 import json
 import sys
 import time
-import warnings
 
 import torch
 
 from geosharp_ref.forward import model_loss
 from geosharp_ref.sharpness.curvature import curvature
 from geosharp_ref.sharpness.pipeline import bucket_batches
-from geosharp_ref.studies.population.tweets import LENGTH_BUCKETS, TweetsRecipesTask
-from geosharp_ref.symmetry import symmetry_map
+from geosharp_ref.studies.population.tweets import LENGTH_BUCKETS
+from timing_setup import pretrained_and_first_batch
 
-torch.set_num_threads(1)
-warnings.filterwarnings("ignore")
-task = TweetsRecipesTask()
-split = task.load_split(task.data_spec(0))
-torch.manual_seed(0)
-model = task.build_model({}).eval()
-batch = ({k: v[:128] for k, v in split.pool.items()}, split.y_pool[:128])
-smap = symmetry_map(model)
+_, model, batch, smap = pretrained_and_first_batch()
 res = dict(real_tokens=float(batch[0]["attention_mask"].float().mean()), length_buckets=LENGTH_BUCKETS, runs={})
 
 params = {n: p.detach().requires_grad_(True) for n, p in model.named_parameters()}
