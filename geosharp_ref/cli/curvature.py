@@ -18,6 +18,7 @@ from ..io.data import load_data, split_batches
 from ..io.durable import check_output_path, write_json_atomic
 from ..io.models import check_model_dir
 from ..sharpness.curvature import PROBES, curvature
+from ..sharpness.pipeline import bucket_batches, check_length_buckets, prepare_inputs
 from ..symmetry import NoAttentionPairsWarning
 from .common import describe_symmetry, load_model_with_head, resolve_device, symmetry_map_quiet
 
@@ -38,6 +39,7 @@ def _check(args):
         raise ValueError(f"--lanczos-steps must be at least --top-k ({args.top_k}), got {args.lanczos_steps}")
     if args.eps < 0:
         raise ValueError(f"--eps must be non-negative, got {args.eps}")
+    check_length_buckets(args.length_buckets)
     if args.json:
         check_output_path(args.json, "--json", {"MODEL_DIR": args.model_dir, "--data": args.data})
 
@@ -58,6 +60,9 @@ def run(args) -> int:
     batches = split_batches(inputs, targets, args.batches, args.batch_size, f"data file {args.data!r}")
     model, probe = load_model_with_head(args.model_dir, args.num_labels, (inputs, targets, n), args.seed)
     model = model.to(device)  # the library computes on the model's device (batches follow it)
+    if args.length_buckets is not None:  # refused before anything is printed: text without its mask, or a model
+        params, first, _, _ = prepare_inputs(model, batches[:1], None)  # whose real positions see the padding
+        bucket_batches(model, params, first, args.length_buckets)
     name = type(model).__name__
     dtype = torch.float64 if args.float64 else None
     print(f"Hessian curvature of {name} ({args.model_dir})")
@@ -86,11 +91,13 @@ def run(args) -> int:
                               distribution=args.distribution, steps=args.lanczos_steps, seed=args.seed,
                               symmetries=None if geometry == "euclidean" else symmetries,
                               smap=None if geometry == "euclidean" else smap, eps=args.eps, dtype=dtype,
-                              progress=bar.update, trace_method=args.trace_method)
+                              progress=bar.update, trace_method=args.trace_method,
+                              length_buckets=args.length_buckets)
             results.append(r)
     print(f"  options   : {args.distribution} probes, Lanczos {steps} steps, seed {args.seed}, "
           f"{results[0].config['dtype'].replace('torch.', '')}, HVP {results[0].config['hvp']}-mode"
-          + (", all symmetries" if args.all_symmetries else ""))
+          + (", all symmetries" if args.all_symmetries else "")
+          + (f", {args.length_buckets} length buckets" if args.length_buckets else ""))
     factors = results[0].config.get("factors") or []
     if args.metric and factors:
         print(f"  factors   : {len(factors)} quotiented symmetries (attention pairs"
@@ -111,6 +118,8 @@ def run(args) -> int:
                  results={r.geometry: r.to_dict() for r in results}, refused=[list(x) for x in smap.refused])
         if probe is not None:
             d["probe"] = probe
+        if args.length_buckets is not None:
+            d["length_buckets"] = args.length_buckets
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(args.json, d)
         print(f"  json      : {args.json}")

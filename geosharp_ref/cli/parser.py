@@ -452,6 +452,7 @@ def _add_curvature(sub):
     p.add_argument("--lanczos-steps", type=int, metavar="S",
                    help="Lanczos steps, one Hessian-vector product each (default max(2K + 10, 20))")
     p.add_argument("--eps", type=float, default=0.0, help="Gram relaxation XᵀX + εI (default 0)")
+    _length_buckets_option(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the probes, Lanczos start and probe head")
     p.add_argument("--float64", action="store_true", help="compute in float64 (a copy of the model)")
     p.add_argument("--num-labels", type=int, metavar="K",

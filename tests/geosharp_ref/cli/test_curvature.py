@@ -37,6 +37,30 @@ def test_curvature_matches_the_library(saved, tmp_path, capsys):
     assert d["results"]["inv"]["trace"] != pytest.approx(d["results"]["euclidean"]["trace"], rel=1e-3)
 
 
+def test_length_buckets_equal_the_plain_batches_and_the_library(saved, tmp_path, capsys):
+    """Padded text with its mask in 2 length buckets: the numbers equal the library's with the same buckets and the
+    plain batch's (float64, 1e-9), and the JSON records the buckets."""
+    data = torch.load(saved / "bert.pt", weights_only=True)
+    ids = data["inputs"]["input_ids"][:4].clone()
+    ids[0, 3:], ids[2, 5:] = 0, 0
+    batch = ({"input_ids": ids, "attention_mask": (ids != 0).long()}, data["targets"][:4])
+    torch.save({"inputs": batch[0], "targets": batch[1]}, tmp_path / "padded.pt")
+    out = tmp_path / "curv.json"
+    assert main(["curvature", str(saved / "bert"), "--data", str(tmp_path / "padded.pt"), "--batch-size", "4",
+                 "--probes", "3", "--top-k", "1", "--lanczos-steps", "4", "--no-euclidean", "--length-buckets", "2",
+                 "--float64", "--no-progress", "--json", str(out)]) == 0
+    assert "2 length buckets" in capsys.readouterr().out
+    d = json.loads(out.read_text())
+    m = transformers.AutoModelForSequenceClassification.from_pretrained(saved / "bert", attn_implementation="eager",
+                                                                        local_files_only=True)
+    kw = dict(k=1, probes=3, steps=4, dtype=torch.float64)
+    bucketed, plain = (curvature(m, [batch], "mix", length_buckets=k, **kw) for k in (2, None))
+    assert d["length_buckets"] == 2
+    for ref in (bucketed, plain):
+        assert d["results"]["mix"]["trace"] == pytest.approx(ref.trace, rel=1e-9)
+        assert d["results"]["mix"]["eigenvalues"] == pytest.approx(ref.eigenvalues, rel=1e-9)
+
+
 def test_hutchpp_trace_matches_the_library(saved, tmp_path, capsys):
     out = tmp_path / "curv.json"
     argv = ["curvature", str(saved / "bert"), "--data", str(saved / "bert.pt"), "--batches", "1", "--batch-size",
@@ -62,6 +86,8 @@ def test_hutchpp_trace_matches_the_library(saved, tmp_path, capsys):
     (["--probes", "0", "--top-k", "0"], ["nothing to compute"]),
     (["--top-k", "3", "--lanczos-steps", "2"], ["--lanczos-steps", "--top-k"]),
     (["--trace-method", "hutch++", "--probes", "2"], ["hutch++", "at least 3", "--trace-method hutchinson"]),
+    (["--length-buckets", "0"], ["--length-buckets", "at least 1"]),
+    (["--length-buckets", "2"], ["length buckets need padded text"]),  # bert.pt has no attention_mask
     (["--batches", "5", "--batch-size", "4"], ["only 10 examples"]),
     (["--device", "tpu"], ["--device", "not a device"]),
 ])
