@@ -17,7 +17,7 @@ import torch
 from ..io.data import load_data, split_batches
 from ..io.durable import check_output_path, write_json_atomic
 from ..io.models import check_model_dir
-from ..sharpness.curvature import PROBES, curvature
+from ..sharpness.curvature import PROBES, check_trace_method, curvature
 from ..sharpness.pipeline import bucket_batches, check_length_buckets, prepare_inputs
 from ..symmetry import NoAttentionPairsWarning
 from .common import describe_symmetry, load_model_with_head, resolve_device, symmetry_map_quiet
@@ -30,9 +30,7 @@ def _check(args):
                              args.batch_size, 1), ("--batches", args.batches, 1)):
         if value < low:
             raise ValueError(f"{name} must be at least {low}, got {value}")
-    if args.trace_method == "hutch++" and 0 < args.probes < 3:
-        raise ValueError(f"--trace-method hutch++ needs --probes of at least 3 (a sketch, its trace and a residual "
-                         f"probe), got {args.probes}: raise --probes or use --trace-method hutchinson")
+    check_trace_method(args.trace_method, args.probes)
     if args.probes == 0 and args.top_k == 0:
         raise ValueError("--probes 0 and --top-k 0 leave nothing to compute: keep one of them positive")
     if args.lanczos_steps is not None and args.lanczos_steps < max(1, args.top_k):

@@ -43,7 +43,8 @@ from .pipeline import bucket_batches, build_space, check_length_buckets, prepare
 from .result import SharpnessResult
 
 __all__ = ["TraceEstimate", "Eigenvalues", "CurvatureResult", "hutchinson_trace", "hutchpp_trace", "top_eigenvalues",
-           "exact_trace", "curvature", "curvature_sharpness", "PROBES", "GEOMETRIES", "TRACE_METHODS"]
+           "exact_trace", "curvature", "curvature_sharpness", "check_trace_method", "PROBES", "GEOMETRIES",
+           "TRACE_METHODS"]
 
 #: probe distributions of :func:`hutchinson_trace`
 PROBES = ("rademacher", "gaussian")
@@ -104,15 +105,28 @@ def _estimate(samples) -> TraceEstimate:
     return TraceEstimate(mean, sd / math.sqrt(m), samples)
 
 
+def check_trace_method(method: str, probes) -> None:
+    """``method`` one of :data:`TRACE_METHODS`; for Hutch++ ``probes`` 0 (no trace) or at least 3 matvecs."""
+    if method not in TRACE_METHODS:
+        raise ValueError(f"unknown trace method {method!r}; choose one of {TRACE_METHODS}")
+    if method == "hutch++" and probes != 0:
+        _check_hutchpp_matvecs(probes)
+
+
+def _check_hutchpp_matvecs(matvecs) -> None:
+    if isinstance(matvecs, bool) or not isinstance(matvecs, int) or matvecs < 3:
+        raise ValueError(f"Hutch++ (--trace-method hutch++) needs at least 3 matvecs (Hessian-vector products: a "
+                         f"sketch, its trace and a residual probe), got {matvecs!r}: raise probes (--probes) or use "
+                         f"the Hutchinson trace (--trace-method hutchinson)")
+
+
 def hutchpp_trace(op, matvecs: int = 16, *, distribution: str = "rademacher", generator=None,
                   progress=None) -> TraceEstimate:
     """Hutch++ with ``matvecs`` (≥ 3) operator applications (see the module doc): k = ⌊matvecs/3⌋ (at most
     N) sketch probes, k more for tr(QᵀÃQ), the rest residual probes. ``samples`` are
     tr(QᵀÃQ) + gᵢᵀ(I − QQᵀ)Ã(I − QQᵀ)gᵢ, one per residual probe; ``stderr`` their s/√r, conditional on the
     sketch. ``progress``: a callable invoked after each matvec."""
-    if isinstance(matvecs, bool) or not isinstance(matvecs, int) or matvecs < 3:
-        raise ValueError(f"Hutch++ needs at least 3 matvecs (a sketch, its trace and a residual probe), "
-                         f"got {matvecs!r}")
+    _check_hutchpp_matvecs(matvecs)
     generator = generator or torch.Generator().manual_seed(0)
     device = _device(op)
     k = min(matvecs // 3, op.dim)
@@ -268,11 +282,7 @@ def curvature(model, batches, geometry: str = "mix", *, k: int = 1, probes: int 
     ``batches`` in ``geometry`` (:data:`GEOMETRIES`); ``probes=0`` or ``k=0`` skips one. ``progress``: called
     after every matvec; ``length_buckets``: as in :func:`hessian_operator`."""
     check_length_buckets(length_buckets)
-    if trace_method not in TRACE_METHODS:
-        raise ValueError(f"unknown trace method {trace_method!r}; choose one of {TRACE_METHODS}")
-    if trace_method == "hutch++" and 0 < probes < 3:
-        raise ValueError(f"Hutch++ needs at least 3 matvecs (a sketch, its trace and a residual probe), got "
-                         f"probes={probes}")
+    check_trace_method(trace_method, probes)
     estimate = hutchpp_trace if trace_method == "hutch++" else hutchinson_trace
     t0 = time.perf_counter()
     was_training = model.training

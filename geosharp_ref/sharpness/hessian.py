@@ -51,7 +51,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .space import ProductSpace, SpaceOptions, Tangent
 
-__all__ = ["QuotientHessian", "EuclideanHessian", "hessian_vector_product", "HVP_MODES", "insert_adjoint"]
+__all__ = ["QuotientHessian", "EuclideanHessian", "hessian_vector_product", "HVP_MODES", "insert_adjoint",
+           "hessian_block", "spd_sqrt_pair"]
 
 #: how ∇²L v is taken: "forward" (forward-over-reverse), "reverse" (double backward), "auto" (forward, falling
 #: back to reverse for a model whose operators lack forward-mode rules)
@@ -148,6 +149,14 @@ class _HVP:
         return self._grad
 
 
+def spd_sqrt_pair(M: torch.Tensor) -> tuple:
+    """(M^{1/2}, M^{-1/2}) of a (batched) symmetric positive semi-definite matrix from one eigendecomposition
+    (eigenvalues clamped at 0 for the root and at the dtype's smallest normal number for the inverse root)."""
+    w, q = torch.linalg.eigh(0.5 * (M + M.mT))
+    return ((q * w.clamp_min(0).sqrt()[..., None, :]) @ q.mT,
+            (q * w.clamp_min(torch.finfo(w.dtype).tiny).rsqrt()[..., None, :]) @ q.mT)
+
+
 def insert_adjoint(at, names, d: dict, base: dict) -> list:
     """The adjoint of the linear map blocks ↦ ``at.insert(base, blocks)`` restricted to ``names``, applied to the
     parameter covector ``d`` (``torch.func.vjp``; ``base`` has the perturbed parameters zeroed)."""
@@ -211,9 +220,7 @@ class _Block:
                 raise ValueError(f"{self.factor.binding.key}: the factor's metric is not a right multiplication "
                                  "per block; metric-orthonormal coordinates need one (matvec and quadratic_form "
                                  "work)")
-        vals, vecs = zip(*(torch.linalg.eigh(m) for m in M))
-        return ([(q * w.clamp_min(0).sqrt()[..., None, :]) @ q.mT for w, q in zip(vals, vecs)],
-                [(q * w.clamp_min(1e-300).rsqrt()[..., None, :]) @ q.mT for w, q in zip(vals, vecs)])
+        return tuple(map(list, zip(*(spd_sqrt_pair(m) for m in M))))
 
     def whiten(self, xi):
         return [x * s if self.elementwise else x @ s for x, s in zip(xi, self.roots()[0])]

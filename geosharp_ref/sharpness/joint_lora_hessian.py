@@ -11,7 +11,8 @@ g(ξ, η) = ⟨ξ, 𝕄 η⟩_F):
 
 Every factor is symmetric positive definite and the left and right factors commute as operators, so the
 metric-orthonormal coordinates are explicit: S = 𝕄^{-1/2} is η ↦ D^{-1/2} η W^{-1/2} (C^{1/2} η, η C^{1/2}) and
-S⁻¹ the same with the opposite powers (matrix powers by ``torch.linalg.eigh``). 𝔾⁻¹ is the factor's
+S⁻¹ the same with the opposite powers (both roots of each matrix from one ``torch.linalg.eigh``,
+:func:`~geosharp_ref.sharpness.hessian.spd_sqrt_pair`). 𝔾⁻¹ is the factor's
 ``metric_apply(…, inverse=True)``, P its ``project``, and c(ξ) = ½ (Dγ̈(ξ))ᵀ ∇L one VJP of its closed-form
 acceleration (:func:`~geosharp_ref.sharpness.joint_lora_geodesic.joint_lora_acceleration`). The parameter
 blocks are cut and placed through the bindings (pairs, then each adapter's factor outside the pairs), and the
@@ -22,15 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from .hessian import insert_adjoint
+from .hessian import insert_adjoint, spd_sqrt_pair
 
-__all__ = ["JointLoRAHessianBlock", "spd_power"]
-
-
-def spd_power(M: torch.Tensor, power: float) -> torch.Tensor:
-    """M^power of a (batched) symmetric positive definite matrix, by its eigendecomposition."""
-    w, q = torch.linalg.eigh(0.5 * (M + M.mT))
-    return (q * w.clamp_min(torch.finfo(w.dtype).tiny).pow(power)[..., None, :]) @ q.mT
+__all__ = ["JointLoRAHessianBlock"]
 
 
 class JointLoRAHessianBlock:
@@ -42,25 +37,29 @@ class JointLoRAHessianBlock:
         self._roots = None
 
     def roots(self):
-        """Per block ``(left, right)`` factors of S^power for power −½ (whiten) and ½ (unwhiten): None for the
-        identity; on a pair side ``left`` is ``[(adapter rows, Ω^power)]``."""
+        """``{power: [(left, right) per block]}``, the factors of S^power for power −½ (whiten) and ½ (unwhiten),
+        computed on first use: None for the identity; on a pair side ``left`` is ``[(adapter rows, Ω^power)]``."""
         if self._roots is None:
-            self._roots = {p: self._factors(p) for p in (-0.5, 0.5)}
+            self._roots = self._factors()
         return self._roots
 
-    def _factors(self, power):
-        at, out = self.at, []
+    def _factors(self):
+        at, out = self.at, {-0.5: [], 0.5: []}
         for k in range(len(at.pairs)):
             TG, TH, _, _ = at._grams(at.point, k)
             for t, T_own, T_other in ((0, TG, TH), (1, TH, TG)):
-                W = spd_power(T_own, -power) if self.factor.metric == "inv" else spd_power(T_other, power)
-                rows = [(idx, spd_power(at._omega(at.point, ai), power)) for ai, idx in at.rows[2 * k + t]]
-                out.append((rows, W))
+                # S = D^{-1/2} · W^{-1/2} on the right: inv W = T_own⁻¹ (right T_own^{1/2}), mix W = T_other
+                half, inv_half = spd_sqrt_pair(T_own if self.factor.metric == "inv" else T_other)
+                right = (half, inv_half) if self.factor.metric == "inv" else (inv_half, half)
+                rows = [(idx, spd_sqrt_pair(at._omega(at.point, ai))) for ai, idx in at.rows[2 * k + t]]
+                out[-0.5].append(([(idx, r[1]) for idx, r in rows], right[0]))
+                out[0.5].append(([(idx, r[0]) for idx, r in rows], right[1]))
         for ai, i in enumerate(at.lora_index):
             L = at.point[i]
             eye = torch.eye(L.shape[0] if at.into[ai] else L.shape[1], dtype=L.dtype, device=L.device)
-            C = spd_power((L @ L.mT if at.into[ai] else L.mT @ L) + at.eps * eye, -power)
-            out.append(([], C) if not at.into[ai] else (C, None))
+            half, inv_half = spd_sqrt_pair((L @ L.mT if at.into[ai] else L.mT @ L) + at.eps * eye)  # 𝕄 ∝ C⁻¹
+            for power, C in ((-0.5, half), (0.5, inv_half)):
+                out[power].append((C, None) if at.into[ai] else ([], C))
         return out
 
     def _apply(self, xi, power):
