@@ -19,10 +19,15 @@ ablations (``geodesic-*-first-order``, ``geodesic-*-frobenius``, App. G) the rad
 ablate, unless they were calibrated themselves: an ablation changes one ingredient at the same ρ.
 ``calibrated_grid(..., sizes=…)`` keeps only some target sizes' columns (e.g. the ablations at the larger
 size alone).
+
+Resumability: each probe run is appended to ``calibration.units.jsonl`` (model, measure, ρ, the settings'
+digest, its size) with one ``os.write`` + ``os.fsync`` as it finishes, so a killed calibration resumes after
+its last finished run and loses at most the run in progress (the sizes, and so the fit, are those of an
+uninterrupted run). Runs measured under other settings are not reused. The file is removed once
+``calibration.json`` is written.
 """
 from __future__ import annotations
 
-import json
 import math
 import time
 import warnings
@@ -31,17 +36,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ...io.durable import write_json_atomic
+from ...io.durable import append_line, exclusive_lock, read_jsonl, write_json_atomic
 from ...sharpness.measures import MEASURES as NAMED_MEASURES
 from ...sharpness import get_measure, rho_for_size
 from ...symmetry import symmetry_map as build_symmetry_map
-from .evaluation import MEASURES, check_bucketable, load_population_model, rho_key, sharpness_batches
+from .evaluation import (MEASURES, check_bucketable, load_population_model, rho_key, settings_digest,
+                         sharpness_batches)
 from .manifest import read_json_object, read_manifest
 from .options import check_calibration
 
-__all__ = ["calibrate_population", "read_calibration", "calibrated_grid", "radius_source", "CALIBRATION"]
+__all__ = ["calibrate_population", "read_calibration", "read_probe_units", "calibrated_grid", "radius_source",
+           "CALIBRATION", "CALIBRATION_UNITS"]
 
 CALIBRATION = "calibration.json"
+#: the finished probe runs of a calibration in progress (removed once calibration.json is written)
+CALIBRATION_UNITS = "calibration.units.jsonl"
 
 
 def radius_source(measure: str, grid: dict) -> str:
@@ -118,44 +127,105 @@ def calibrate_population(out, sizes, measures=MEASURES, models: int = 3, batch_s
     if length_buckets is not None:
         settings["length_buckets"] = int(length_buckets)
     path = out / CALIBRATION
-    if path.is_file():
-        old = read_calibration(out)
-        if old.get("settings") == settings:
-            return old
-        raise ValueError(f"{path} holds another calibration ({old.get('settings')}); it fixes the radii of "
-                         f"evaluations already run: use the same options, or delete it to start over")
-    if threads:
-        torch.set_num_threads(threads)
+    done = _existing_calibration(out, settings)
+    if done is not None:
+        return done
+    read_probe_units(out, settings_digest(settings))  # a damaged units file is refused before anything is written
     (batch,) = sharpness_batches(manifest, 1, batch_size, out)
     check_bucketable([batch], length_buckets)
-    from tqdm.auto import tqdm
+    with exclusive_lock(out / ".calibrate.lock", busy=f"another `geosharp population calibrate` is running on {out}; "
+                        f"wait for it to finish (its probe runs are kept and this one would only repeat them)"):
+        done = _existing_calibration(out, settings)  # finished while this one waited for the lock
+        if done is not None:
+            return done
+        measured, seconds = _probe_sizes(out, manifest["models"][:models], batch, settings, measures, probes, n_iter, seed,
+                                         threads, progress, length_buckets)
+        calibration = _fit(settings, measured, probes, sizes)
+        calibration.update(models_used=[e["name"] for e in manifest["models"][:models]], seconds=round(seconds, 1))
+        write_json_atomic(path, calibration)
+        (out / CALIBRATION_UNITS).unlink(missing_ok=True)  # every probe run is in calibration.json now
+    return calibration
 
-    t0 = time.perf_counter()
-    measured = {m: {rho_key(r): [] for r in probes} for m in measures}
-    entries = manifest["models"][:models]
-    bar = tqdm(total=len(entries) * len(measures) * 2, desc="calibrate", unit="run", disable=not progress)
-    for entry in entries:
-        model = load_population_model(out, entry)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            smap = build_symmetry_map(model)
-        for m in measures:
-            meas = NAMED_MEASURES[m]
-            for r in probes:
-                res = meas.evaluate(model, [batch], r, n_iter=n_iter, seed=seed, length_buckets=length_buckets,
-                                    **({} if meas.metric is None else {"symmetry_map": smap}))
-                measured[m][rho_key(r)].append(res.relative_size[0])
-                bar.update(1)
-    bar.close()
+
+def _existing_calibration(out: Path, settings: dict) -> dict | None:
+    """The calibration in ``out`` if it has ``settings``; None if there is none; another one is refused."""
+    if not (out / CALIBRATION).is_file():
+        return None
+    old = read_calibration(out)
+    if old.get("settings") == settings:
+        return old
+    raise ValueError(f"{out / CALIBRATION} holds another calibration ({old.get('settings')}); it fixes the radii of "
+                     f"evaluations already run: use the same options, or delete it to start over")
+
+
+def _fit(settings: dict, measured: dict, probes, sizes) -> dict:
+    """The calibration of the probe sizes ``measured``: per measure the line of log size in log ρ through the
+    medians at the two probes, and the radii where it reaches each target size."""
     fits, grid = {}, {}
-    for m in measures:
+    for m in measured:
         s1, s2 = (float(np.median(measured[m][rho_key(r)])) for r in probes)
         if not (s1 > 0 and s2 > 0):
             raise ValueError(f"{m}: the probes moved no weight (median sizes {s1:g}, {s2:g}); the models may sit "
                              f"at a loss maximum of the batch, or the probe radii are too small")
         fits[m] = dict(median_sizes=[s1, s2], slope=math.log(s2 / s1) / math.log(probes[1] / probes[0]))
         grid[m] = [float(f"{r:.4g}") for r in rho_for_size(probes, (s1, s2), sizes)]
-    calibration = dict(settings=settings, measured=measured, fit=fits, grid=grid,
-                       models_used=[e["name"] for e in entries], seconds=round(time.perf_counter() - t0, 1))
-    write_json_atomic(path, calibration)
-    return calibration
+    return dict(settings=settings, measured=measured, fit=fits, grid=grid)
+
+
+def read_probe_units(out, digest: str, repair: bool = False) -> dict:
+    """``{(model, measure, rho_key): (relative size, seconds)}`` of the finished probe runs in
+    ``calibration.units.jsonl`` measured under the settings ``digest`` (first wins; a torn last line, left by a
+    killed run, is ignored, and with ``repair`` truncated away on disk); a line that is not a probe run is
+    refused, naming it."""
+    path = Path(out) / CALIBRATION_UNITS
+    units = {}
+    for i, u in enumerate(read_jsonl(path, repair=repair), start=1):
+        ok = (isinstance(u, dict) and all(isinstance(u.get(k), str) for k in ("model", "measure", "rho", "settings"))
+              and all(isinstance(u.get(k), (int, float)) and not isinstance(u.get(k), bool)
+                      for k in ("relative_size", "seconds")))
+        if not ok:
+            raise ValueError(f"{path}: line {i} is not a finished probe run (a JSON object with 'model', 'measure', "
+                             f"'rho', 'settings', 'relative_size', 'seconds'); delete that line (the run is repeated) "
+                             f"or the file")
+        if u["settings"] == digest:
+            units.setdefault((u["model"], u["measure"], u["rho"]), (float(u["relative_size"]), float(u["seconds"])))
+    return units
+
+
+def _probe_sizes(out: Path, entries, batch, settings, measures, probes, n_iter, seed, threads, progress,
+                 length_buckets) -> tuple[dict, float]:
+    """``({measure: {rho_key: [relative size per model]}}, seconds)``: every probe run of the calibration (the
+    manifest ``entries`` on ``batch``), each appended to ``calibration.units.jsonl`` as it finishes, so a killed
+    calibration resumes after its last finished run (runs of other settings are not reused)."""
+    if threads:
+        torch.set_num_threads(threads)
+    from tqdm.auto import tqdm
+
+    digest = settings_digest(settings)
+    done = read_probe_units(out, digest, repair=True)
+    measured = {m: {rho_key(r): [] for r in probes} for m in measures}
+    seconds = 0.0
+    bar = tqdm(total=len(entries) * len(measures) * len(probes), desc="calibrate", unit="run", disable=not progress)
+    for entry in entries:
+        model = smap = None
+        for m in measures:
+            meas = NAMED_MEASURES[m]
+            for r in probes:
+                key = (entry["name"], m, rho_key(r))
+                if key not in done:
+                    if model is None:
+                        model = load_population_model(out, entry)
+                        with warnings.catch_warnings():
+                            warnings.simplefilter("ignore")
+                            smap = build_symmetry_map(model)
+                    t0 = time.perf_counter()
+                    res = meas.evaluate(model, [batch], r, n_iter=n_iter, seed=seed, length_buckets=length_buckets,
+                                        **({} if meas.metric is None else {"symmetry_map": smap}))
+                    done[key] = (float(res.relative_size[0]), time.perf_counter() - t0)
+                    append_line(out / CALIBRATION_UNITS, dict(model=key[0], measure=m, rho=key[2], settings=digest,
+                                                              relative_size=done[key][0], seconds=done[key][1]))
+                measured[m][rho_key(r)].append(done[key][0])
+                seconds += done[key][1]
+                bar.update(1)
+    bar.close()
+    return measured, seconds

@@ -1,7 +1,7 @@
 """The population rows of the bad-input table in docs/reference/errors.md (the others:
 tests/geosharp_ref/cli/test_bad_input.py):
-an empty population, a corrupt manifest, two evaluations of one directory at once, a full disk while results
-are written, and a hyper-parameter the population does not record. Each gives one line ``geosharp: error: …``
+an empty population, a corrupt manifest, two evaluations (or calibrations) of one directory at once, a damaged
+record of a killed calibration, a full disk while results are written, and a hyper-parameter the population does not record. Each gives one line ``geosharp: error: …``
 and exit code 2, and nothing already written is lost: a rerun completes the evaluation with exactly the
 uninterrupted run's results."""
 import errno
@@ -105,6 +105,28 @@ def test_calibration_columns_need_a_calibration(trained, tmp_path, capsys):
     line = _error_line(capsys, _evaluate_argv(out) + ["--calibration", "--sizes", "2e-4"])
     assert "calibration.json does not exist" in line
     assert not (out / "results.jsonl").exists()
+
+
+_CALIBRATE_ARGS = ["--sizes", "1e-4", "1e-3", "--models", "2", "--batch-size", "16", "--probe-rho", "0.01", "0.05",
+                   "--iters", "3", "--measures", "adaptive", "--no-progress"]
+
+
+def test_a_damaged_calibration_run_or_a_second_calibration_is_refused(trained, tmp_path, capsys):
+    """A line of calibration.units.jsonl (a killed calibration's finished probe runs) that is not a run, and a
+    second calibration of the same population at once, are refused before anything is written."""
+    out = cases.copy_population(trained, tmp_path)
+    argv = ["population", "calibrate", "--out", str(out), *_CALIBRATE_ARGS]
+    units = out / "calibration.units.jsonl"
+    units.write_text(json.dumps({"model": "model_000", "measure": "adaptive"}) + "\n")
+    line = _error_line(capsys, argv)
+    assert "calibration.units.jsonl: line 1 is not a finished probe run" in line and "delete that line" in line
+    assert units.read_text().count("\n") == 1
+    units.unlink()
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in trained.iterdir())  # no lock, no file
+    with exclusive_lock(out / ".calibrate.lock"):  # another process's calibration holds the directory
+        line = _error_line(capsys, argv)
+    assert "another `geosharp population calibrate` is running" in line
+    assert not (out / "calibration.json").exists() and not units.exists()
 
 
 def test_correlate_names_only_recorded_hyperparameters(reference, tmp_path, capsys):

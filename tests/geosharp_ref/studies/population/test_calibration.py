@@ -1,0 +1,90 @@
+"""Calibrating a population's radii (geosharp_ref.studies.population.calibration): the fit passes through the
+measured medians, and a calibration killed between its probe runs resumes after its last finished run with the
+uninterrupted calibration's radii (the shared tiny ViT population of conftest.py)."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from geosharp_ref.studies.population import calibration
+from geosharp_ref.studies.population.calibration import CALIBRATION_UNITS, calibrate_population
+from tests import cases
+
+CAL = dict(sizes=(1e-4, 1e-3), measures=("adaptive", "geodesic-inv"), models=2, batch_size=16,
+           probe_rhos=(0.01, 0.05), n_iter=3, progress=False)
+#: probe runs of CAL: models × measures × probes
+RUNS = 2 * 2 * 2
+
+
+@pytest.fixture(scope="module")
+def calibrated(trained, tmp_path_factory):
+    """An uninterrupted calibration (in a copy of the population)."""
+    out = cases.copy_population(trained, tmp_path_factory.mktemp("cal"))
+    calibrate_population(out, **CAL)
+    return out
+
+
+def _without_timing(cal: dict) -> dict:
+    return {k: v for k, v in cal.items() if k != "seconds"}
+
+
+def test_the_fit_passes_through_the_measured_medians(calibrated):
+    cal = json.loads((calibrated / "calibration.json").read_text())
+    (r1, r2), sizes = cal["settings"]["probe_rhos"], cal["settings"]["sizes"]
+    assert cal["models_used"] == ["model_000", "model_001"] and not (calibrated / CALIBRATION_UNITS).exists()
+    for m in CAL["measures"]:
+        s1, s2 = (float(np.median(cal["measured"][m][f"{r:g}"])) for r in (r1, r2))
+        assert cal["fit"][m]["median_sizes"] == [s1, s2]
+        slope = math.log(s2 / s1) / math.log(r2 / r1)
+        for rho, size in zip(cal["grid"][m], sizes):  # log s = log s1 + slope · log(ρ/ρ1), solved for ρ
+            assert rho == pytest.approx(r1 * (size / s1) ** (1 / slope), rel=1e-3)
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_a_killed_calibration_resumes_after_its_last_finished_run(calibrated, trained, tmp_path, monkeypatch):
+    """Killed inside its runs, the calibration keeps each finished probe run (calibration.units.jsonl) and writes
+    no calibration.json; the rerun measures only the rest (a torn last line and runs of other settings are not
+    reused), writes the uninterrupted run's calibration and removes the units."""
+    out = cases.copy_population(trained, tmp_path)
+    real = dict(calibration.NAMED_MEASURES)
+    calls = []
+
+    class Counting:
+        def __init__(self, name, die_at=None):
+            self.m, self.name, self.die_at = real[name], name, die_at
+
+        def __getattr__(self, attr):
+            return getattr(self.m, attr)
+
+        def evaluate(self, *args, **kwargs):
+            calls.append(self.name)
+            if self.die_at is not None and len(calls) == self.die_at:
+                raise _Killed
+            return self.m.evaluate(*args, **kwargs)
+
+    for name in CAL["measures"]:
+        monkeypatch.setitem(calibration.NAMED_MEASURES, name, Counting(name, die_at=6))
+    with pytest.raises(_Killed):
+        calibrate_population(out, **CAL)
+    units = cases.jsonl(out / CALIBRATION_UNITS)
+    assert len(units) == 5 and not (out / "calibration.json").exists()
+    assert [u["model"] for u in units] == ["model_000"] * 4 + ["model_001"]
+
+    other = dict(units[-1], settings="0" * 16, relative_size=1.0)  # another calibration's run of the same unit
+    with open(out / CALIBRATION_UNITS, "a") as f:
+        f.write(json.dumps(other) + "\n" + json.dumps(units[0])[:20])  # and a line torn by the kill
+    calls.clear()
+    for name in CAL["measures"]:
+        monkeypatch.setitem(calibration.NAMED_MEASURES, name, Counting(name))
+    cal = calibrate_population(out, **CAL)
+    assert len(calls) == RUNS - 5
+    reference = json.loads((calibrated / "calibration.json").read_text())
+    assert _without_timing(cal) == _without_timing(reference)
+    assert _without_timing(json.loads((out / "calibration.json").read_text())) == _without_timing(reference)
+    assert not (out / CALIBRATION_UNITS).exists()
+    calls.clear()
+    assert _without_timing(calibrate_population(out, **CAL)) == _without_timing(reference) and not calls  # done
