@@ -31,15 +31,15 @@ a conftest.py fixture: no test module imports another one. ``from tests.cases im
   with a model, a batch, its binding(s) from the public API and a change that is no symmetry.
 * :mod:`tests.cases.files` — a legacy-format saved directory (:func:`save_bin`), a saved BERT backbone, the
   settings and file helpers of a tiny vision population (``POPULATION_*``, :func:`copy_population`,
-  :func:`jsonl`, :func:`subprocess_env`), :func:`quiet_transformers`.
+  :func:`jsonl`, :func:`subprocess_env`, :func:`count_measure_runs`), :func:`quiet_transformers`.
 * :mod:`tests.cases.reference` — an exact trust-region solver (:func:`trust_region_max`) used as an
   independent reference, and :func:`rel_error`.
 """
 from .bindings import (BINDING_CASES, BINDING_KINDS, BINDING_NAMES, DECLARED_LORA, DECLARED_QK, BindingCase,
                        BuiltBindingCase, build_binding_case, output_at, scale_first_block, scale_first_parameter)
 from .files import (POPULATION_EVAL, POPULATION_EVAL_ARGS, POPULATION_MODELS, POPULATION_TRAIN, copy_population,
-                    assert_refused_and_nothing_written, jsonl, quiet_transformers, save_bert_backbone, save_bin,
-                    subprocess_env)
+                    Killed, assert_refused_and_nothing_written, count_measure_runs, jsonl, quiet_transformers,
+                    save_bert_backbone, save_bin, subprocess_env)
 from .inputs import (bert_inputs, cat, mlp_batch64, pixels_batch64, text_batch64, clip_images, clip_loss, forward, hidden_kw, ids, lm_loss, params_of, pixels,
                      random_gl, text_inputs)
 from .models import (CLIP_SOUP_SMALL, DT, IR, ROOT, SMALL, GQAAttention, GQANet, MHAClassifier, MHACross,

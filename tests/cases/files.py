@@ -1,6 +1,6 @@
 """Files the tests write and read: a legacy-format saved directory (:func:`save_bin`), a saved BERT backbone,
 the settings and file helpers of a tiny vision population (``POPULATION_*``, :func:`copy_population`,
-:func:`jsonl`, :func:`subprocess_env`) and :func:`quiet_transformers`."""
+:func:`jsonl`, :func:`subprocess_env`, :func:`count_measure_runs`) and :func:`quiet_transformers`."""
 from __future__ import annotations
 
 import json
@@ -50,6 +50,34 @@ def copy_population(src, parent, results=False):
 def jsonl(path):
     """The records of a JSON-lines file."""
     return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+class Killed(Exception):
+    """Raised by :func:`count_measure_runs` in place of a kill."""
+
+
+def count_measure_runs(monkeypatch, table: dict, names, die_at=None) -> list:
+    """Wrap the named measures of ``table`` (a module's ``NAMED_MEASURES``) so that each ``evaluate`` is
+    recorded in the returned list (the measure's name), and the ``die_at``-th call raises :class:`Killed`
+    instead of running (a kill between two finished runs)."""
+    calls = []
+
+    class Counting:
+        def __init__(self, measure):
+            self.measure = measure
+
+        def __getattr__(self, attr):
+            return getattr(self.measure, attr)
+
+        def evaluate(self, *args, **kwargs):
+            calls.append(self.measure.name)
+            if die_at is not None and len(calls) == die_at:
+                raise Killed
+            return self.measure.evaluate(*args, **kwargs)
+
+    for name in names:
+        monkeypatch.setitem(table, name, Counting(table[name]))
+    return calls
 
 
 def subprocess_env(**extra):

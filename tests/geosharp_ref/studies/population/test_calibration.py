@@ -41,35 +41,15 @@ def test_the_fit_passes_through_the_measured_medians(calibrated):
             assert rho == pytest.approx(r1 * (size / s1) ** (1 / slope), rel=1e-3)
 
 
-class _Killed(Exception):
-    pass
-
-
 def test_a_killed_calibration_resumes_after_its_last_finished_run(calibrated, trained, tmp_path, monkeypatch):
     """Killed inside its runs, the calibration keeps each finished probe run (calibration.units.jsonl) and writes
     no calibration.json; the rerun measures only the rest (a torn last line and runs of other settings are not
     reused), writes the uninterrupted run's calibration and removes the units."""
     out = cases.copy_population(trained, tmp_path)
-    real = dict(calibration.NAMED_MEASURES)
-    calls = []
-
-    class Counting:
-        def __init__(self, name, die_at=None):
-            self.m, self.name, self.die_at = real[name], name, die_at
-
-        def __getattr__(self, attr):
-            return getattr(self.m, attr)
-
-        def evaluate(self, *args, **kwargs):
-            calls.append(self.name)
-            if self.die_at is not None and len(calls) == self.die_at:
-                raise _Killed
-            return self.m.evaluate(*args, **kwargs)
-
-    for name in CAL["measures"]:
-        monkeypatch.setitem(calibration.NAMED_MEASURES, name, Counting(name, die_at=6))
-    with pytest.raises(_Killed):
-        calibrate_population(out, **CAL)
+    with monkeypatch.context() as mp:
+        cases.count_measure_runs(mp, calibration.NAMED_MEASURES, CAL["measures"], die_at=6)
+        with pytest.raises(cases.Killed):
+            calibrate_population(out, **CAL)
     units = cases.jsonl(out / CALIBRATION_UNITS)
     assert len(units) == 5 and not (out / "calibration.json").exists()
     assert [u["model"] for u in units] == ["model_000"] * 4 + ["model_001"]
@@ -77,9 +57,7 @@ def test_a_killed_calibration_resumes_after_its_last_finished_run(calibrated, tr
     other = dict(units[-1], settings="0" * 16, relative_size=1.0)  # another calibration's run of the same unit
     with open(out / CALIBRATION_UNITS, "a") as f:
         f.write(json.dumps(other) + "\n" + json.dumps(units[0])[:20])  # and a line torn by the kill
-    calls.clear()
-    for name in CAL["measures"]:
-        monkeypatch.setitem(calibration.NAMED_MEASURES, name, Counting(name))
+    calls = cases.count_measure_runs(monkeypatch, calibration.NAMED_MEASURES, CAL["measures"])
     cal = calibrate_population(out, **CAL)
     assert len(calls) == RUNS - 5
     reference = json.loads((calibrated / "calibration.json").read_text())

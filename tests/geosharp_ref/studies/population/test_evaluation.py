@@ -143,10 +143,6 @@ def test_curvature_evaluation_records_the_standard_errors_of_each_batch(referenc
     assert {"gap", "train_error", "hessian-trace-mix@rho=1"} <= set(header)
 
 
-class _Killed(Exception):
-    pass
-
-
 def test_a_killed_model_resumes_from_its_finished_measures(reference, tmp_path, monkeypatch):
     """An evaluation killed inside a model keeps that model's finished (measure, radius) units
     (results.units/); the rerun measures only the rest, and the results equal the uninterrupted ones byte for
@@ -154,28 +150,12 @@ def test_a_killed_model_resumes_from_its_finished_measures(reference, tmp_path, 
     from geosharp_ref.studies.population import evaluation
 
     out = cases.copy_population(reference, tmp_path)
-    real = dict(evaluation.NAMED_MEASURES)
-    calls = []
-
-    class Counting:
-        def __init__(self, name, die_at=None):
-            self.m, self.name, self.die_at = real[name], name, die_at
-
-        def __getattr__(self, attr):
-            return getattr(self.m, attr)
-
-        def evaluate(self, *args, **kwargs):
-            calls.append(self.name)
-            if self.die_at is not None and len(calls) == self.die_at:
-                raise _Killed
-            return self.m.evaluate(*args, **kwargs)
-
     units_per_model = len(pop.MEASURES) * len(EVAL["rhos"])
     die_at = units_per_model + 4  # inside the second model, after 3 of its units
-    for name in pop.MEASURES:
-        monkeypatch.setitem(evaluation.NAMED_MEASURES, name, Counting(name, die_at))
-    with pytest.raises(_Killed):
-        pop.evaluate_population(out, **EVAL)
+    with monkeypatch.context() as mp:
+        cases.count_measure_runs(mp, evaluation.NAMED_MEASURES, pop.MEASURES, die_at=die_at)
+        with pytest.raises(cases.Killed):
+            pop.evaluate_population(out, **EVAL)
     units = [json.loads(line) for f in sorted((out / "results.units").glob("rank*.jsonl"))
              for line in f.read_text().splitlines()]
     assert [u["model"] for u in units].count("model_001") == 3
@@ -185,9 +165,7 @@ def test_a_killed_model_resumes_from_its_finished_measures(reference, tmp_path, 
     other = dict(units[-1], settings="0" * 16, measure=units[-1]["measure"], value=-1.0)
     with open(out / "results.units" / "rank0.jsonl", "a") as f:
         f.write(json.dumps(other) + "\n")
-    calls.clear()
-    for name in pop.MEASURES:
-        monkeypatch.setitem(evaluation.NAMED_MEASURES, name, Counting(name))
+    calls = cases.count_measure_runs(monkeypatch, evaluation.NAMED_MEASURES, pop.MEASURES)
     pop.evaluate_population(out, **EVAL)
     assert len(calls) == (N_MODELS - 1) * units_per_model - 3  # model_001's three finished units not measured again
     assert (out / "results.jsonl").read_text() == (reference / "results.jsonl").read_text()
