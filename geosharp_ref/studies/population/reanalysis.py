@@ -25,7 +25,8 @@ bootstrap's) to exclude 0 when the true τ are ``tau_geo`` and ``tau_ada``.
 
 :func:`reanalyse` reads a committed population directory (``correlation.csv`` per model,
 ``correlation_tau.csv``, ``correlation.json`` and ``reliability.json``, plus ``models.jsonl`` for the number
-of optimiser steps) and writes ``reanalysis.json``; nothing is retrained or re-evaluated::
+of optimiser steps) and writes ``reanalysis.json`` and its plot ``reanalysis.png``
+(:func:`geosharp_ref.plots.plot_signed_contrast`); nothing is retrained or re-evaluated::
 
     python -m geosharp_ref.studies.population.reanalysis docs/minilm/seeds docs/minilm/recipes
 """
@@ -41,13 +42,16 @@ import numpy as np
 from scipy.stats import kendalltau, norm
 
 from ...io.durable import write_json_atomic
+from ...plots import plot_signed_contrast
 from ...stats import kendall_tau_b, kendall_with_ci
 
 __all__ = ["signed_tau_difference", "attenuated_tau", "partial_tau", "partial_tau_with_ci", "partial_tau_difference",
            "kendall_null_sd",
-           "kendall_power", "min_detectable_tau", "contrast_power", "reanalyse", "PAPER_MNLI_TAU", "REANALYSIS"]
+           "kendall_power", "min_detectable_tau", "contrast_power", "reanalyse", "tau_row", "PAPER_MNLI_TAU", "REANALYSIS", "REANALYSIS_PLOT"]
 
 REANALYSIS = "reanalysis.json"
+#: the signed contrasts with their intervals, the partial-τ contrasts and the paper's attenuated differences
+REANALYSIS_PLOT = "reanalysis.png"
 
 #: the paper's Kendall τ on its BERT-MNLI fine-tunes (McCoy et al. seeds population): adaptive / geodesic-inv /
 #: geodesic-mix, measured against its own (unreported-reliability) gap, treated here as error-free
@@ -204,6 +208,17 @@ def _steps(out: Path) -> dict:
     return {r["name"]: r["metrics"]["steps"] for r in map(json.loads, filter(str.strip, path.read_text().splitlines()))}
 
 
+def tau_row(t: dict) -> str:
+    """The row of a ``correlation*_tau.csv`` line: its target-size label (``size=2e-05``) where the evaluation had
+    a calibrated grid, else (a uniform sweep) its radius, as ``correlation_paired.csv`` names it."""
+    return t.get("row") or t["rho"]
+
+
+def _row_value(row: str) -> float:
+    """The number of a result row: the target size of ``size=2e-05``, or the radius of a uniform sweep (``0.01``)."""
+    return float(row.split("=", 1)[1] if "=" in row else row)
+
+
 def reanalyse(out, n_boot: int = 1000, seed: int = 0, sims: int = 2000, paper: dict | None = None,
               write: bool = True) -> dict:
     """The re-analysis of one committed population directory (see the module doc); writes ``reanalysis.json``.
@@ -224,7 +239,7 @@ def reanalyse(out, n_boot: int = 1000, seed: int = 0, sims: int = 2000, paper: d
     n = len(names)
     gap = np.array([float(r["gap"]) for r in models])
     train = np.array([float(r["train_error"]) for r in models])
-    rho = {(t["row"], t["measure"]): t["rho"] for t in taus}
+    rho = {(tau_row(t), t["measure"]): t["rho"] for t in taus}
     col = {k: np.array([float(r[f"{k[1]}@rho={v}"]) for r in models]) for k, v in rho.items()}
     R = float(rel["pearson_full_spearman_brown"])
 
@@ -240,7 +255,7 @@ def reanalyse(out, n_boot: int = 1000, seed: int = 0, sims: int = 2000, paper: d
                                                                                seed=seed)
 
     paper_att = {m: attenuated_tau(t, R) for m, t in paper.items()}
-    rows = sorted({t["row"] for t in taus}, key=lambda r: float(r.split("=")[1]) if "=" in r else r)
+    rows = sorted({r for r, _ in rho}, key=_row_value)
     contrast, partial = {}, {}
     for row in rows:
         partial[row] = {m: partial_tau_with_ci(col[row, m], gap, train, n_boot=n_boot, seed=seed)
@@ -271,7 +286,7 @@ def reanalyse(out, n_boot: int = 1000, seed: int = 0, sims: int = 2000, paper: d
             c["given_train_error"] = partial_tau_difference(col[row, m], col[row, vs], gap, train, n_boot=n_boot,
                                                             seed=seed)
             contrast[row][f"{m} - {vs}"] = c
-    tau = {(t["row"], t["measure"]): float(t["tau"]) for t in taus}
+    tau = {(tau_row(t), t["measure"]): float(t["tau"]) for t in taus}
     shifts = [(abs(tau[r, m] - tau[r, f"{m}-linearised"]), r, m) for (r, m) in tau
               if not m.endswith("-linearised") and (r, f"{m}-linearised") in tau]
     first_order = None
@@ -291,6 +306,7 @@ def reanalyse(out, n_boot: int = 1000, seed: int = 0, sims: int = 2000, paper: d
                   first_order_vs_full=first_order)
     if write:
         write_json_atomic(out / REANALYSIS, result)
+        plot_signed_contrast(out / REANALYSIS_PLOT, result)
     return result
 
 
@@ -319,7 +335,7 @@ def main(argv=None) -> int:
     for d in argv:
         res = reanalyse(d)
         _print(Path(d), res, sys.stdout)
-        print(f"written: {Path(d) / REANALYSIS}")
+        print(f"written: {Path(d) / REANALYSIS}, {Path(d) / REANALYSIS_PLOT}")
     return 0
 
 

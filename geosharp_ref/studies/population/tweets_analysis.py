@@ -18,7 +18,8 @@ every corner must reach train error ≤ :data:`PILOT_MAX_TRAIN_ERROR`. It never 
 
 ``analyse`` runs :func:`~geosharp_ref.studies.population.reanalysis.reanalyse` on the population directory
 (after ``geosharp population reliability`` and ``correlate``) and adds the protocol's checks, the ablations'
-contrasts (H3/H4) and the exploratory curvature measures (:func:`curvature_analysis`).
+contrasts (H3/H4) and the exploratory curvature measures (:func:`curvature_analysis`); it writes
+``analysis.json`` and the primary contrast's plot ``analysis.png`` (:func:`geosharp_ref.plots.plot_signed_contrast`).
 """
 from __future__ import annotations
 
@@ -30,10 +31,11 @@ from pathlib import Path
 import numpy as np
 
 from ...io.durable import write_json_atomic
+from ...plots import plot_signed_contrast
 from ...stats import kendall_with_ci
 from .evaluation import read_results
 from .reanalysis import (PAPER_MNLI_TAU, attenuated_tau, contrast_power, kendall_null_sd, kendall_power,
-                         min_detectable_tau, partial_tau_with_ci, reanalyse, signed_tau_difference)
+                         min_detectable_tau, partial_tau_with_ci, reanalyse, signed_tau_difference, tau_row)
 from .tweets import CURVATURE_PROTOCOL, N_MODELS, PILOT_CORNERS
 
 __all__ = ["power_statement", "judge_pilot", "analyse", "holm", "ablation_contrasts", "curvature_analysis",
@@ -126,11 +128,11 @@ def ablation_contrasts(out, n_boot: int = 1000, seed: int = 0) -> dict:
     by_model = {r["model"]: r for r in abl}
     names = [r["model"] for r in main if r["model"] in by_model]
     gap = np.array([float(r["gap"]) for r in main if r["model"] in by_model])
-    rho_main = {(t["row"], t["measure"]): t["rho"] for t in main_tau}
+    rho_main = {(tau_row(t), t["measure"]): t["rho"] for t in main_tau}
     main_rows = {r["model"]: r for r in main}
     res = {}
     for t in abl_tau:
-        row, m = t["row"], t["measure"]
+        row, m = tau_row(t), t["measure"]
         full = m.replace("-first-order", "").replace("-frobenius", "")
         if full == m or (row, full) not in rho_main:
             continue
@@ -198,6 +200,7 @@ def analyse(out, n_boot: int = 1000, seed: int = 0) -> dict:
                                   reliability_at_least=MIN_RELIABILITY,
                                   reliability_ok=res["reliability"]["pearson_full_spearman_brown"] >= MIN_RELIABILITY)
     write_json_atomic(Path(out) / "analysis.json", res)
+    plot_signed_contrast(Path(out) / "analysis.png", res)
     return res
 
 

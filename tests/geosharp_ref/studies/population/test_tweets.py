@@ -311,3 +311,43 @@ def test_the_sharpness_script_runs_the_protocols_commands():
         assert a.batch_size == EVALUATION_PROTOCOL["batch_size"]
     assert cal.models == EVALUATION_PROTOCOL["calibration_models"]
     assert main.batches == abl.batches == EVALUATION_PROTOCOL["batches"]
+
+
+def test_analyse_runs_the_protocols_analysis_on_a_population(reference, tmp_path):
+    """``analyse`` end to end on the tiny vision population, after the protocol's stages (reliability, the main
+    evaluation, the ablations and curvature tags, correlate): the primary family's Holm-adjusted p-values recomputed
+    from its bootstrap p-values, the verdict rule, the ablation and curvature parts equal to their own functions,
+    the protocol checks, and analysis.json / analysis.png written."""
+    from geosharp_ref.studies import population as pop
+    from geosharp_ref.studies.population.reanalysis import reanalyse
+    from geosharp_ref.studies.population.reliability import gap_reliability
+    from geosharp_ref.studies.population.tweets_analysis import (ablation_contrasts, analyse, curvature_analysis,
+                                                                 holm)
+    from tests import cases
+
+    out = cases.copy_population(reference, tmp_path, results=True)
+    gap_reliability(out, splits=20, progress=False)
+    settings = dict(n_batches=2, batch_size=16, n_iter=3, progress=False)
+    pop.evaluate_population(out, rhos=(0.05,), measures=("geodesic-mix-frobenius",), tag="ablations", **settings)
+    pop.evaluate_population(out, rhos=(1.0,), measures=("hessian-trace-mix", "hessian-trace-euclidean"),
+                            tag="curvature", **dict(settings, n_batches=1))
+    for tag in ("", "ablations", "curvature"):
+        pop.correlate_population(out, n_boot=50, tag=tag, plot=False)
+    res = analyse(out, n_boot=50)
+    assert json.loads((out / "analysis.json").read_text()) == json.loads(json.dumps(res))
+    assert (out / "analysis.png").stat().st_size > 1000
+    family = [c for cells in res["signed_contrast"].values() for k, c in cells.items() if "linearised" not in k]
+    assert len(family) == 2 * len(cases.POPULATION_EVAL["rhos"])  # inv and mix against adaptive at each ρ
+    ps = [min(1.0, 2 * min(c["p_positive"], 1 - c["p_positive"])) for c in family]
+    assert [c["p_bootstrap"] for c in family] == ps and [c["p_holm"] for c in family] == holm(ps)
+    assert all(c["geodesic_better"] == (c["p_holm"] < 0.05 and c["difference"] > 0) for c in family)
+    plain = reanalyse(out, n_boot=50, write=False)
+    assert {r: {k: c["difference"] for k, c in cells.items()} for r, cells in res["signed_contrast"].items()} == \
+        {r: {k: c["difference"] for k, c in cells.items()} for r, cells in plain["signed_contrast"].items()}
+    assert json.dumps(res["ablations"]) == json.dumps(ablation_contrasts(out, n_boot=50))
+    assert res["ablations"]["0.05"]["geodesic-mix-frobenius"]["vs"] == "geodesic-mix"  # a uniform sweep: row = ρ
+    assert json.dumps(res["curvature_exploratory"]) == json.dumps(curvature_analysis(out, n_boot=50))
+    assert set(res["curvature_exploratory"]) == {"hessian-trace-mix", "hessian-trace-euclidean"}
+    checks = res["protocol_checks"]
+    assert checks["models_ok"] is False and checks["reliability_ok"] == (
+        res["reliability"]["pearson_full_spearman_brown"] >= checks["reliability_at_least"])
