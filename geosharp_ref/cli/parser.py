@@ -51,7 +51,8 @@ subset pool[:batches * batch_size] (clean labels, fixed batches), inside every m
 whenever train_size >= batches * batch_size. Gap = test error - train error.
 
 Every stage resumes: model directories appear atomically, every evaluated model is appended and
-fsync'd to results.jsonl at once; under torchrun the ranks take disjoint shards of the models."""
+fsync'd to results.jsonl at once; under torchrun the ranks take disjoint shards of the models.
+`population status --out DIR` says where a population stands without showing any result value."""
 
 
 def _add_derive(sub):
@@ -408,6 +409,10 @@ def _add_population(sub):
     rel.add_argument("--seed", type=int, default=0, help="seed of the halvings (default 0)")
     rel.add_argument("--threads", type=int, default=1, help="torch threads of the test predictions (default 1)")
     rel.add_argument("--no-progress", action="store_true", help="no progress bars")
+    s = acts.add_parser("status", help="where the population stands (models trained, predictions, calibration, "
+                                       "units of each evaluation, CPU time left), blind to every result value")
+    s.add_argument("--out", required=True, metavar="DIR", help="population directory")
+    s.add_argument("--json", action="store_true", help="print the status as JSON")
     c = acts.add_parser("correlate", help="Kendall τ with bootstrap CIs per measure and ρ; JSON, CSV, PNG, table")
     c.add_argument("--out", required=True, metavar="DIR", help="population directory")
     c.add_argument("--bootstrap", type=int, default=1000, metavar="N", help="bootstrap resamples (default 1000)")

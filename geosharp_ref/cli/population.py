@@ -1,6 +1,8 @@
-"""``geosharp population train|evaluate|study|calibrate|import|reliability|correlate``: the population study's actions."""
+"""``geosharp population train|evaluate|study|calibrate|import|reliability|status|correlate``: the population study's
+actions."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from ..studies.population.manifest import MANIFEST, population_files
 from ..studies.population.options import (check_calibration, check_count, check_evaluation, check_seed, check_sizes,
                                           check_training)
 from ..studies.population.reliability import gap_reliability
+from ..studies.population.status import format_status, population_status
 from ..studies.population.study import run_study
 from ..studies.population.training import train_population
 from .common import resolve_device
@@ -107,6 +110,9 @@ def run(args) -> int:
     elif args.action == "reliability":
         gap_reliability(args.out, splits=args.splits, seed=args.seed, progress=not args.no_progress,
                         threads=args.threads)
+    elif args.action == "status":
+        status = population_status(args.out)
+        print(json.dumps(status, indent=2, sort_keys=True) if args.json else format_status(status))
     else:
         correlate_population(args.out, n_boot=args.bootstrap, seed=args.seed, plot=not args.no_plot,
                              tag=args.tag, where=parse_where(args.where), color_by=args.color_by)

@@ -4,6 +4,7 @@
     geosharp population evaluate  --out DIR [--rho 0.003 0.01 0.03 0.1] [--batches 4] [--batch-size 32] ...
     geosharp population correlate --out DIR [--bootstrap 1000] [--where label_noise=0 ...]
     geosharp population reliability --out DIR [--splits 200]   (how reproducible the gaps' ranking is)
+    geosharp population status    --out DIR [--json]   (progress, blind to every result value)
 
     geosharp population study     --out DIR [--task TASK] [--models 32] ...   (all three, resumable)
     geosharp population import    --out DIR --models M1.pt M2.pt ... --metrics M.csv --data D.pt
@@ -29,6 +30,7 @@ included), test error on the clean test set; gap = test error − train error.
 Modules: :mod:`.task` (what a task supplies), :mod:`.tasks` (the built-in tasks), :mod:`.manifest` (the
 directory layout), :mod:`.training`, :mod:`.evaluation`, :mod:`.correlation`, :mod:`.study` (all three),
 :mod:`.importing` (real populations from local paths), :mod:`.reliability` (split-half reliability of the gaps),
+:mod:`.calibration` (radii matched in relative size), :mod:`.status` (progress without result values),
 :mod:`.options` (every option checked once, before anything is read or written).
 """
 from .correlation import correlate_population, parse_where
@@ -36,6 +38,7 @@ from .evaluation import (ABLATIONS, ALL_MEASURES, DEFAULT_RHOS, LINEARISED, MEAS
                          load_population_model, read_results, sharpness_batches)
 from .importing import import_population, load_imported_model
 from .manifest import read_manifest
+from .status import population_status
 from .study import run_study
 from .task import PopulationTask, Split
 from .tasks import TASKS, get_task
@@ -43,5 +46,6 @@ from .training import sample_hparams, train_one, train_population
 
 __all__ = ["sample_hparams", "train_one", "train_population", "read_manifest", "sharpness_batches",
            "load_population_model", "evaluate_model", "evaluate_population", "read_results",
-           "correlate_population", "parse_where", "run_study", "import_population", "load_imported_model",
-           "PopulationTask", "Split", "get_task", "TASKS", "MEASURES", "ABLATIONS", "LINEARISED", "ALL_MEASURES", "DEFAULT_RHOS"]
+           "correlate_population", "parse_where", "run_study", "population_status", "import_population",
+           "load_imported_model", "PopulationTask", "Split", "get_task", "TASKS", "MEASURES", "ABLATIONS", "LINEARISED",
+           "ALL_MEASURES", "DEFAULT_RHOS"]

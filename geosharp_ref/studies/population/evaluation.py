@@ -150,7 +150,7 @@ def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, se
     Resuming inside a model: ``done`` holds units already measured, ``{(measure, rho_key): unit}`` with unit
     ``{"value", "per_batch", "loss"[, "relative_size"]}``; they are not measured again (every unit is measured
     on its own, seeded by ``seed``, so the record equals the uninterrupted one). ``on_unit(measure, rho_key,
-    unit)`` is called after each unit measured."""
+    unit)`` is called after each unit measured (the unit with its ``seconds``)."""
     grid = measure_grid(measures, rhos)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -171,8 +171,8 @@ def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, se
                     unit["relative_size"] = r.median_relative_size
                 if (r.config or {}).get("errors"):  # curvature: Hutchinson standard errors / Lanczos bounds
                     unit["errors"] = [float(e) for e in r.config["errors"]]
-                if on_unit is not None:
-                    on_unit(measure, key, unit)
+                if on_unit is not None:  # the unit's time goes to the units file only (population status), not
+                    on_unit(measure, key, dict(unit, seconds=round(float(r.seconds), 3)))  # into the record
             values[measure][key] = unit["value"]
             per_batch[measure][key] = unit["per_batch"]
             if "relative_size" in unit:

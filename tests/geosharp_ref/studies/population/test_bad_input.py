@@ -1,9 +1,9 @@
 """The population rows of the bad-input table in docs/reference/errors.md (the others:
-tests/geosharp_ref/cli/test_bad_input.py):
-an empty population, a corrupt manifest, two evaluations (or calibrations) of one directory at once, a damaged
-record of a killed calibration, a full disk while results are written, and a hyper-parameter the population does not record. Each gives one line ``geosharp: error: …``
-and exit code 2, and nothing already written is lost: a rerun completes the evaluation with exactly the
-uninterrupted run's results."""
+tests/geosharp_ref/cli/test_bad_input.py): an empty population, a corrupt manifest, two evaluations (or
+calibrations) of one directory at once, a damaged record of a killed calibration, the status of no population,
+a full disk while results are written, and a hyper-parameter the population does not record. Each gives one
+line ``geosharp: error: …`` and exit code 2, and nothing already written is lost: a rerun completes the
+evaluation with exactly the uninterrupted run's results."""
 import errno
 import json
 import os
@@ -127,6 +127,19 @@ def test_a_damaged_calibration_run_or_a_second_calibration_is_refused(trained, t
         line = _error_line(capsys, argv)
     assert "another `geosharp population calibrate` is running" in line
     assert not (out / "calibration.json").exists() and not units.exists()
+
+
+def test_status_needs_a_population(trained, tmp_path, capsys):
+    """``population status`` on a directory without a manifest, or with a manifest whose models are not entries,
+    is refused in one line; it writes nothing either way."""
+    line = _error_line(capsys, ["population", "status", "--out", str(tmp_path / "none")])
+    assert "population.json does not exist; no population here; train one with `geosharp population train" in line
+    out = cases.copy_population(trained, tmp_path)
+    man = json.loads((out / "population.json").read_text())
+    (out / "population.json").write_text(json.dumps(dict(man, models=[1, 2])))
+    line = _error_line(capsys, ["population", "status", "--out", str(out), "--json"])
+    assert "'models' must be a list of model entries with a 'name'" in line
+    assert not (tmp_path / "none").exists()
 
 
 def test_correlate_names_only_recorded_hyperparameters(reference, tmp_path, capsys):

@@ -1,0 +1,150 @@
+"""Where a population stands, blind to its results: ``geosharp population status --out DIR``.
+
+A pre-registered study runs for weeks in resumable sittings, and nobody should look at a gap, a test error or a
+sharpness value before the analysis. :func:`population_status` reports progress from file names, line counts and
+timings only, and returns no value of any result, so it can be run at every sitting:
+
+* **training**: models planned in the manifest, trained (a model directory exists: directories are written
+  atomically), ``.tmp-*`` directories (a model in progress, or one left by a killed run), and the median
+  training time of a trained model (its record's ``seconds``, one worker);
+* **reliability**: models whose test predictions are written (``test_predictions.jsonl``), and whether
+  ``reliability.json`` is written;
+* **calibration**: whether ``calibration.json`` is written, else the finished probe runs of a calibration in
+  progress (``calibration.units.jsonl``) and their mean time;
+* **each evaluation** (``evaluation.json``, ``evaluation-TAG.json``): models finished, units (measure × radius
+  of one model) finished of the model(s) in progress, units left, and, from the finished units' times, the
+  CPU time left for one worker (an estimate: units of one evaluation take about the same time); whether
+  ``correlate`` has run (``correlation[-TAG].json``).
+
+Nothing is written. The manifest must exist; everything else may be absent.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from ...io.durable import read_jsonl
+from .calibration import CALIBRATION, CALIBRATION_UNITS
+from .evaluation import evaluation_grid, read_evaluation_settings, read_results, settings_digest
+from .manifest import MANIFEST, population_files, read_json_object
+from .reliability import PREDICTIONS, RELIABILITY
+
+__all__ = ["population_status", "format_status"]
+
+
+def _median(xs):
+    return float(statistics.median(xs)) if xs else None
+
+
+def _mean(xs):
+    return float(statistics.fmean(xs)) if xs else None
+
+
+def _training(out: Path, manifest: dict) -> dict:
+    models = manifest["models"]
+    trained, seconds = 0, []
+    for m in models:
+        if "loader" in m:  # an imported model: nothing to train
+            trained += 1
+            continue
+        d = out / m.get("dir", f"models/{m['name']}")
+        if d.is_dir():
+            trained += 1
+            try:
+                sec = json.loads((d / "geosharp_model.json").read_text()).get("seconds")
+            except (OSError, ValueError):
+                sec = None
+            if isinstance(sec, (int, float)):
+                seconds.append(float(sec))
+    tmp = len(list((out / "models").glob(".tmp-*"))) if (out / "models").is_dir() else 0
+    med = _median(seconds)
+    return dict(planned=len(models), trained=trained, complete=bool(manifest.get("complete")), in_progress_dirs=tmp,
+                median_seconds_per_model=med,
+                remaining_cpu_hours=None if med is None else (len(models) - trained) * med / 3600)
+
+
+def _reliability(out: Path) -> dict:
+    predicted = {r.get("model") for r in read_jsonl(out / PREDICTIONS) if isinstance(r, dict)}
+    return dict(models_predicted=len(predicted - {None}), written=(out / RELIABILITY).is_file())
+
+
+def _calibration(out: Path) -> dict:
+    if (out / CALIBRATION).is_file():
+        return dict(written=True)
+    runs = [u for u in read_jsonl(out / CALIBRATION_UNITS) if isinstance(u, dict)]
+    return dict(written=False, probe_runs_finished=len(runs),
+                mean_seconds_per_run=_mean([float(u["seconds"]) for u in runs
+                                            if isinstance(u.get("seconds"), (int, float))]))
+
+
+def _evaluation(out: Path, tag: str, n_models: int) -> dict:
+    files = population_files(tag)
+    cfg = read_evaluation_settings(out, tag)
+    _, grid = evaluation_grid(cfg)
+    per_model = sum(len(v) for v in grid.values())
+    done = set(read_results(out, tag))
+    digest = settings_digest(cfg)
+    units = {}
+    for path in sorted((out / files["units"]).glob("rank*.jsonl")):
+        for u in read_jsonl(path):
+            if isinstance(u, dict) and u.get("settings") == digest:
+                units.setdefault((u.get("model"), u.get("measure"), u.get("rho")), u)
+    partial = sum(1 for (model, _, _) in units if model not in done)
+    left = (n_models - len(done)) * per_model - partial
+    mean = _mean([float(u["seconds"]) for u in units.values() if isinstance(u.get("seconds"), (int, float))])
+    return dict(models_finished=len(done), models=n_models, units_per_model=per_model,
+                units_finished_in_models_in_progress=partial, units_left=left, mean_seconds_per_unit=mean,
+                remaining_cpu_hours=None if mean is None else left * mean / 3600,
+                correlated=(out / f"{files['correlation']}.json").is_file())
+
+
+def population_status(out) -> dict:
+    """The progress of the population in ``out`` (see the module doc), with no result value in it:
+    ``{"out", "task", "training", "reliability", "calibration", "evaluations": {tag or "main": …}}``."""
+    out = Path(out)
+    manifest = read_json_object(out / MANIFEST, "population manifest", ("plan", "models"),
+                                missing=f"no population here; train one with `geosharp population train --out {out}`")
+    if not isinstance(manifest["models"], list) or not all(isinstance(m, dict) and isinstance(m.get("name"), str)
+                                                           for m in manifest["models"]):
+        raise ValueError(f"{out / MANIFEST}: 'models' must be a list of model entries with a 'name'; restore it")
+    evaluations = {}
+    for path in sorted(out.glob("evaluation*.json")):
+        tag = path.stem[len("evaluation-"):] if path.stem.startswith("evaluation-") else ""
+        if path.name == population_files(tag)["config"]:
+            evaluations[tag or "main"] = _evaluation(out, tag, len(manifest["models"]))
+    plan = manifest["plan"] if isinstance(manifest["plan"], dict) else {}
+    return dict(out=str(out), task=plan.get("task"), training=_training(out, manifest),
+                reliability=_reliability(out), calibration=_calibration(out), evaluations=evaluations)
+
+
+def _hours(h) -> str:
+    return "" if h is None else f"; ≈ {h:.1f} CPU-hours left (one worker)"
+
+
+def format_status(status: dict) -> str:
+    """The status as a few lines of text (what ``geosharp population status`` prints)."""
+    t = status["training"]
+    med = t["median_seconds_per_model"]
+    lines = [f"{status['out']} ({status['task']}): {t['trained']} of {t['planned']} models trained"
+             + ("" if t["complete"] else ", training not finished")
+             + (f"; {t['in_progress_dirs']} in progress or left by a killed run" if t["in_progress_dirs"] else "")
+             + ("" if med is None else f"; median {med / 60:.1f} CPU-minutes per model")
+             + ("" if t["trained"] == t["planned"] else _hours(t["remaining_cpu_hours"]))]
+    r = status["reliability"]
+    lines.append("  reliability: " + ("written" if r["written"] else "not started" if not r["models_predicted"] else
+                                       f"test predictions of {r['models_predicted']} of {t['planned']} models"))
+    c = status["calibration"]
+    lines.append("  calibration: " + ("written" if c["written"] else "not started" if not c["probe_runs_finished"]
+                                       else f"{c['probe_runs_finished']} probe runs finished" + (
+                                           "" if c["mean_seconds_per_run"] is None
+                                           else f" ({c['mean_seconds_per_run']:.0f} s each)")))
+    if not status["evaluations"]:
+        lines.append("  evaluations: none started")
+    for tag, e in status["evaluations"].items():
+        lines.append(f"  evaluation {tag}: {e['models_finished']} of {e['models']} models finished"
+                     + (f" (+{e['units_finished_in_models_in_progress']} of {e['units_per_model']} units of the "
+                        f"model(s) in progress)" if e["units_finished_in_models_in_progress"] else "")
+                     + f", {e['units_left']} units left" + _hours(e["remaining_cpu_hours"])
+                     + ("; correlated" if e["correlated"] else ""))
+    return "\n".join(lines)
