@@ -144,6 +144,34 @@ def test_study_tables_show_the_committed_results(site, csv_file, page):
         assert cell in text, (csv_file, r["measure"], cell)
 
 
+def test_contrast_table_lists_sizes_in_order_and_the_primary_familys_verdicts(tmp_path, monkeypatch):
+    """The contrast table of a reanalysis.json lists the target sizes in increasing order (JSON keeps them as
+    strings: "size=0.0002" sorts before "size=2e-05"); for the tweets protocol's analysis.json it adds the
+    bootstrap and Holm-adjusted p and the verdict of each contrast of the primary family."""
+    sys.path.insert(0, str(ROOT / "docs" / "hooks"))
+    try:
+        import results_tables
+    finally:
+        sys.path.remove(str(ROOT / "docs" / "hooks"))
+    import json
+
+    def cell(d, p, better):
+        return dict(difference=d, ci=[d - 0.1, d + 0.1], given_train_error=dict(difference=d / 2, ci=[-0.1, 0.2]),
+                    paper_attenuated_difference=0.21, p_bootstrap=p, p_holm=min(1.0, 2 * p), geodesic_better=better)
+
+    data = dict(models=80, bootstrap=1000, signed_contrast={
+        "size=0.0002": {"geodesic-inv - adaptive": cell(0.3, 0.004, True)},
+        "size=2e-05": {"geodesic-inv - adaptive": cell(0.05, 0.4, False),
+                       "geodesic-inv-linearised - adaptive-linearised": cell(0.9, 0.5, False)}})
+    (tmp_path / "analysis.json").write_text(json.dumps(data, sort_keys=True))
+    monkeypatch.setattr(results_tables, "ROOT", tmp_path)
+    rows = [r for r in results_tables.contrast_table("analysis.json").splitlines() if r.startswith("| ‖")]
+    assert rows == ["| ‖Δθ‖/‖θ‖ = 2e-5 | geodesic-inv - adaptive | +0.05 [−0.05, +0.15] | +0.03 [−0.10, +0.20] | "
+                    "+0.21 | – | 0.400 | 0.800 | no |",
+                    "| ‖Δθ‖/‖θ‖ = 2e-4 | geodesic-inv - adaptive | +0.30 [+0.20, +0.40] | +0.15 [−0.10, +0.20] | "
+                    "+0.21 | – | 0.004 | 0.008 | yes |"]
+
+
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 

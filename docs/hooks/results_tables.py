@@ -10,7 +10,8 @@ files under ``docs/`` (paths are relative to the repository root):
     a ``correlation_paired.csv``: |τ_measure| − |τ_vs| [95 %] on the same bootstrap resamples.
 ``<!-- contrast-table PATH.json -->``
     a ``reanalysis.json`` (``geosharp_ref.studies.population.reanalysis``): the signed contrast τ_geo − τ_ada
-    with its interval, the same given the train error, the paper's attenuated difference and the power.
+    with its interval, the same given the train error, the paper's attenuated difference and the power, by
+    size; for the tweets protocol's ``analysis.json`` also the bootstrap and Holm-adjusted p and the verdict.
 ``<!-- attenuation-table PATH.json ... -->``
     one row per ``reanalysis.json``: the gap's reliability R and the paper's τ attenuated to it.
 ``<!-- value PATH.json key/key/... FORMAT -->``
@@ -142,17 +143,22 @@ def paired_table(path: str) -> str:
 
 def contrast_table(path: str) -> str:
     data = _read_json(path)
-    out = ["| size | contrast | τ_geo − τ_ada [95 %] | given train error [95 %] | paper, attenuated | power |",
-           "|---|---|---|---|---|---|"]
-    for row, contrasts in data["signed_contrast"].items():
-        for name, c in contrasts.items():
-            if "linearised" in name:
-                continue
-            g = c["given_train_error"]
-            power = c.get("power_for_paper_attenuated")
-            out.append(f"| {_size_label(row)} | {name} | {_interval(c['difference'], *c['ci'])} | "
-                       f"{_interval(g['difference'], *g['ci'])} | {_signed(c['paper_attenuated_difference'])} | "
-                       f"{'–' if power is None else f'{power:.2f}'} |")
+    cells = [(row, name, c) for row, contrasts in data["signed_contrast"].items() for name, c in contrasts.items()
+             if "linearised" not in name]
+    cells.sort(key=lambda t: (float(t[0].split("=", 1)[1] if "=" in t[0] else t[0]), t[1]))  # by size, then name
+    holm = any("p_holm" in c for _, _, c in cells)  # the tweets protocol's analysis.json: the primary family
+    out = ["| size | contrast | τ_geo − τ_ada [95 %] | given train error [95 %] | paper, attenuated | power |"
+           + (" p (bootstrap) | p (Holm) | geodesic better |" if holm else ""),
+           "|---|---|---|---|---|---|" + ("---|---|---|" if holm else "")]
+    for row, name, c in cells:
+        g = c["given_train_error"]
+        power = c.get("power_for_paper_attenuated")
+        line = (f"| {_size_label(row)} | {name} | {_interval(c['difference'], *c['ci'])} | "
+                f"{_interval(g['difference'], *g['ci'])} | {_signed(c['paper_attenuated_difference'])} | "
+                f"{'–' if power is None else f'{power:.2f}'} |")
+        if holm:
+            line += f" {c['p_bootstrap']:.3f} | {c['p_holm']:.3f} | {'yes' if c['geodesic_better'] else 'no'} |"
+        out.append(line)
     out += ["", f"<small>{data['models']} models, {data['bootstrap']} bootstrap resamples; rendered from "
                 f"`{path}`.</small>"]
     return "\n".join(out)
