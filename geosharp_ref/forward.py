@@ -21,7 +21,7 @@ from torch.func import functional_call
 from .precision import keep_float64
 
 __all__ = ["IGNORE_INDEX", "model_logits", "check_targets", "default_loss", "call_model", "model_loss", "to_device",
-           "check_finite_batch", "float64_inputs", "LengthBuckets", "length_buckets", "padded_extent",
+           "check_finite_batch", "float64_inputs", "LengthBuckets", "length_buckets", "check_length_buckets", "padded_extent",
            "batch_to_device", "model_device"]
 
 
@@ -194,12 +194,19 @@ def _take(x, rows, n: int, length: int, width: int):
     return x[:, :width] if x.dim() >= 2 and x.shape[1] == length else x
 
 
+def check_length_buckets(k, required: bool = False) -> None:
+    """``k`` is an integer ≥ 1 (the number of length buckets), or None where not ``required`` (no buckets)."""
+    if (k is None and not required) or (not isinstance(k, bool) and isinstance(k, int) and k >= 1):
+        return
+    raise ValueError(f"length_buckets (--length-buckets) must be an integer of at least 1 (groups of similar "
+                     f"length per batch), got {k!r}")
+
+
 def length_buckets(batch, k: int) -> LengthBuckets:
     """``batch = (inputs, targets)`` (inputs a dict with ``attention_mask`` (N, L)) as at most ``k`` groups of
     similar length (see :class:`LengthBuckets`; ``k`` ≥ 1, at most N groups; ``k`` = 1 only cuts the common
     right padding)."""
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"the number of length buckets must be an integer of at least 1, got {k!r}")
+    check_length_buckets(k, required=True)
     inputs, targets = batch
     extent = padded_extent(inputs, targets)
     n, length = inputs["attention_mask"].shape

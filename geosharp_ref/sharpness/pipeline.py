@@ -29,7 +29,7 @@ from typing import Optional
 import torch
 
 from ..apgd import apgd
-from ..forward import check_finite_batch, default_loss, length_buckets, model_loss, to_device
+from ..forward import check_finite_batch, check_length_buckets, default_loss, length_buckets, model_loss, to_device
 from ..kernels import check_metric
 from ..symmetry import NoAttentionPairsWarning, Quotient, symmetry_map
 from ..symmetry.quotient import bound_binding
@@ -153,13 +153,6 @@ def check_padding_mask(model, batches) -> None:
                 raise ValueError(f"batch {i}: input_ids are padded with the model's padding token {pad} but the "
                                  f"inputs have no attention_mask, so the padding would change the result; add the "
                                  f"tokenizer's attention_mask to the inputs (`geosharp data` writes it)")
-
-
-def check_length_buckets(k) -> None:
-    """``k`` is None or an integer ≥ 1 (the number of length buckets)."""
-    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-        raise ValueError(f"length_buckets (--length-buckets) must be an integer of at least 1 (groups of similar "
-                         f"length per batch), got {k!r}")
 
 
 def bucket_batches(model, params, batches, k, loss_fn=default_loss) -> list:
