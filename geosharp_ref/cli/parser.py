@@ -352,6 +352,12 @@ def _add_population(sub):
                                          "(resumable; under torchrun the ranks share the models)")
     e.add_argument("--out", required=True, metavar="DIR", help="population directory")
     _population_evaluation_options(e)
+    e.add_argument("--probes", type=int, default=None, metavar="M",
+                   help="hessian-trace-* measures: Hessian-vector products per batch (default 16)")
+    e.add_argument("--trace-method", choices=("hutchinson", "hutch++"), default=None,
+                   help="hessian-trace-* measures: the trace estimator (default hutchinson; hutch++ needs M ≥ 3)")
+    e.add_argument("--lanczos-steps", type=int, default=None, metavar="S",
+                   help="hessian-top-eigenvalue-* measures: Lanczos steps per batch (default 20)")
     e.add_argument("--calibration", action="store_true",
                    help="use the radii of DIR/calibration.json (see calibrate) instead of --rho: one grid per "
                         "measure, matched in relative weight change")

@@ -12,8 +12,8 @@ from ..studies.population.correlation import correlate_population, parse_where
 from ..studies.population.evaluation import evaluate_population
 from ..studies.population.importing import import_population
 from ..studies.population.manifest import MANIFEST, population_files
-from ..studies.population.options import (check_calibration, check_count, check_evaluation, check_seed, check_sizes,
-                                          check_training)
+from ..studies.population.options import (check_calibration, check_count, check_curvature_options, check_evaluation,
+                                          check_seed, check_sizes, check_training)
 from ..studies.population.reliability import gap_reliability
 from ..studies.population.status import format_status, population_status
 from ..studies.population.study import run_study
@@ -36,6 +36,7 @@ def check_options(args) -> None:
     if a == "evaluate":
         check_evaluation(args.rho, args.measures, args.batches, args.batch_size, args.iters, args.seed, args.threads,
                          args.sizes, length_buckets=args.length_buckets)
+        check_curvature_options(args.measures, _curvature_options(args))
     if a == "study":
         for name, value in (("--batches", args.batches), ("--batch-size", args.batch_size), ("--iters", args.iters),
                             ("--length-buckets", args.length_buckets)):
@@ -57,6 +58,10 @@ def check_options(args) -> None:
         check_seed("--seed", args.seed)
     if a in ("study", "correlate"):
         check_count("--bootstrap", args.bootstrap)
+
+
+def _curvature_options(args) -> dict:
+    return dict(probes=args.probes, steps=args.lanczos_steps, trace_method=args.trace_method)
 
 
 def run(args) -> int:
@@ -84,7 +89,8 @@ def run(args) -> int:
             recs = evaluate_population(args.out, rhos=rhos, sizes=sizes, measures=args.measures,
                                        n_batches=args.batches, batch_size=args.batch_size, n_iter=args.iters,
                                        seed=args.seed, threads=args.threads, progress=not args.no_progress,
-                                       tag=args.tag, device=device, length_buckets=args.length_buckets)
+                                       tag=args.tag, device=device, length_buckets=args.length_buckets,
+                                       curvature_options=_curvature_options(args))
             if gdist.rank_world()[0] == 0:
                 print(f"{len(recs)} models evaluated -> {Path(args.out) / population_files(args.tag)['results']}")
     elif args.action == "study":

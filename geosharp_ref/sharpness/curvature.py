@@ -307,11 +307,11 @@ def curvature(model, batches, geometry: str = "mix", *, k: int = 1, probes: int 
 def curvature_sharpness(model, batches, rho, *, quantity: str, geometry: str, probes: int = 16, steps=None,
                         symmetry_map=None, symmetries=None, loss_fn=default_loss, seed: int = 0, eps: float = 0.0,
                         dtype=None, exclude=(), measure: Optional[str] = None, progress: bool = False,
-                        length_buckets=None, **_ignored) -> SharpnessResult:
+                        length_buckets=None, trace_method: str = "hutchinson", **_ignored) -> SharpnessResult:
     """A curvature quantity per batch as a :class:`SharpnessResult` (what the named measures return):
-    ``quantity`` "trace" (Hutchinson, ``probes``; the standard errors in ``config``) or "top-eigenvalue"
-    (Lanczos); ``mean`` over the batches (the trace of the mean loss's Hessian; for eigenvalues the mean of
-    the per-batch top eigenvalues). ``rho`` is recorded only; ``loss_after`` equals ``loss_before`` and the
+    ``quantity`` "trace" (``probes`` matvecs by ``trace_method``, :data:`TRACE_METHODS`; the standard errors in
+    ``config``) or "top-eigenvalue" (Lanczos, ``steps``); ``mean`` over the batches (the trace of the mean loss's
+    Hessian; for eigenvalues the mean of the per-batch top eigenvalues). ``rho`` is recorded only; ``loss_after`` equals ``loss_before`` and the
     perturbation fields are empty (no perturbation is made). Options of the Auto-PGD measures are ignored."""
     if quantity not in ("trace", "top-eigenvalue"):
         raise ValueError(f"unknown curvature quantity {quantity!r}; choose 'trace' or 'top-eigenvalue'")
@@ -322,7 +322,8 @@ def curvature_sharpness(model, batches, rho, *, quantity: str, geometry: str, pr
         r = curvature(model, [b], geometry, k=1 if quantity != "trace" else 0,
                       probes=probes if quantity == "trace" else 0, steps=steps, seed=seed + i,
                       symmetries=symmetries, smap=symmetry_map, loss_fn=loss_fn, eps=eps, dtype=dtype,
-                      exclude=exclude, length_buckets=length_buckets)
+                      exclude=exclude, length_buckets=length_buckets,
+                      trace_method=trace_method if quantity == "trace" else "hutchinson")
         per.append(r.trace if quantity == "trace" else r.eigenvalues[0])
         errors.append(r.trace_stderr if quantity == "trace" else r.eigenvalue_errors[0])
         with torch.no_grad():
@@ -332,4 +333,5 @@ def curvature_sharpness(model, batches, rho, *, quantity: str, geometry: str, pr
     return SharpnessResult(measure=name, rho=float(rho), mean=sum(per) / len(per), per_batch=per,
                            loss_before=before, loss_after=list(before), perturbation_norms=[],
                            seconds=time.perf_counter() - t0,
-                           config=dict(quantity=quantity, geometry=geometry, probes=probes, errors=errors, eps=eps))
+                           config=dict(quantity=quantity, geometry=geometry, probes=probes, errors=errors, eps=eps,
+                                       **({"steps": steps} if quantity != "trace" else {"trace_method": trace_method})))

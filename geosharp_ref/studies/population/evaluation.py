@@ -30,7 +30,7 @@ from ...sharpness.measures import MEASURES as NAMED_MEASURES
 from ...symmetry import symmetry_map as build_symmetry_map
 from .importing import load_imported_model
 from .manifest import population_files, read_json_object, read_manifest
-from .options import check_evaluation
+from .options import check_curvature_options, check_evaluation
 from .tasks import get_task
 
 __all__ = ["measure_grid", "evaluation_grid", "sharpness_batches", "LINEARISED", "load_population_model", "evaluate_model", "evaluate_population", "read_results",
@@ -133,7 +133,8 @@ def measure_grid(measures, rhos) -> dict:
 
 
 def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, seed: int = 0,
-                   length_buckets: int | None = None, done: dict | None = None, on_unit=None) -> dict:
+                   length_buckets: int | None = None, done: dict | None = None, on_unit=None,
+                   curvature_options: dict | None = None) -> dict:
     """``{"values": {measure: {rho_key: mean sharpness}}, "per_batch": {measure: {rho_key: [sharpness of each
     batch]}}, "relative_size": {measure: {rho_key: median ‖Δθ‖/‖θ‖ over the batches}}, "loss", "heads"}``
     (deterministic; the mean in ``values`` is the mean of ``per_batch``).
@@ -146,6 +147,8 @@ def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, se
     ``hessian-*`` (ρ unused; their per-batch Hutchinson standard errors or Lanczos residual bounds in
     ``"errors": {measure: {rho_key: [...]}}``). ``length_buckets`` K: each
     padded text batch evaluated in K groups of similar length (:func:`geosharp_ref.forward.length_buckets`).
+    ``curvature_options`` (``probes``, ``steps``, ``trace_method``) go to the curvature measures alone (their
+    defaults: 16 Hutchinson probes, 20 Lanczos steps).
 
     Resuming inside a model: ``done`` holds units already measured, ``{(measure, rho_key): unit}`` with unit
     ``{"value", "per_batch", "loss"[, "relative_size"]}``; they are not measured again (every unit is measured
@@ -164,7 +167,8 @@ def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, se
             unit = (done or {}).get((measure, key))
             if unit is None:
                 r = m.evaluate(model, batches, rho, n_iter=n_iter, seed=seed, length_buckets=length_buckets,
-                               **({} if m.metric is None else {"symmetry_map": smap}))
+                               **({} if m.metric is None else {"symmetry_map": smap}),
+                               **((curvature_options or {}) if m.curvature is not None else {}))
                 unit = dict(value=r.mean, per_batch=[float(v) for v in r.per_batch],
                             loss=sum(r.loss_before) / len(r.loss_before))
                 if r.relative_size:
@@ -247,21 +251,27 @@ def _finalize(out: Path, manifest, extra=(), tag: str = "") -> bool:
 
 def evaluate_population(out, rhos=DEFAULT_RHOS, measures=MEASURES, n_batches: int = 4, batch_size: int = 32,
                         n_iter: int = 20, seed: int = 0, threads: int | None = 1, progress: bool = True,
-                        device=None, tag: str = "", sizes=None, length_buckets: int | None = None) -> dict:
+                        device=None, tag: str = "", sizes=None, length_buckets: int | None = None,
+                        curvature_options: dict | None = None) -> dict:
     """Sharpness of every model of the population in ``out`` (resumable; torch.distributed-aware).
 
     ``rhos`` is one list of radii for every measure, or a grid ``{measure: [radii]}``; with a grid,
     ``sizes`` may name what its columns are matched to (the target relative perturbation sizes of
     :func:`geosharp_ref.studies.population.calibration.calibrate_population`), stored with the settings.
     ``length_buckets`` K (stored with the settings): padded text evaluated in K groups of similar length.
+    ``curvature_options`` (``{"probes", "steps", "trace_method"}``; stored with the settings where given): the
+    curvature measures' matvecs, Lanczos steps and trace estimator (:func:`.options.check_curvature_options`).
     Returns ``{model name: record}`` (on every rank, read back from disk after the merge)."""
     out, files = Path(out), population_files(tag)
     check_evaluation(rhos, measures, n_batches, batch_size, n_iter, seed, threads, sizes,
                      known_measures=ALL_MEASURES, length_buckets=length_buckets)
+    curvature_options = check_curvature_options(measures, curvature_options)
     manifest = read_manifest(out)
     rank, world = gdist.rank_world()
     measures = tuple(measures)
     grid, config = _settings(rhos, measures, n_batches, batch_size, n_iter, seed, sizes, length_buckets)
+    if curvature_options:  # only where given: an evaluation with the defaults keeps its settings (and digest)
+        config["curvature"] = dict(curvature_options)
     # everything is read and checked before anything is written: the batches, the results so far, the settings
     batches = sharpness_batches(manifest, n_batches, batch_size, out)
     check_bucketable(batches, length_buckets)
@@ -274,7 +284,8 @@ def evaluate_population(out, rhos=DEFAULT_RHOS, measures=MEASURES, n_batches: in
                              f"{f' (tag {tag!r})' if tag else ''}; wait for it to finish (its results are kept "
                              f"and this one would only repeat them), or use another --tag"):
         return _evaluate_population(out, files, manifest, rank, world, grid, config, batches, measures, n_batches,
-                                    batch_size, n_iter, seed, threads, progress, device, tag, length_buckets)
+                                    batch_size, n_iter, seed, threads, progress, device, tag, length_buckets,
+                                    curvature_options)
 
 
 def _settings(rhos, measures, n_batches, batch_size, n_iter, seed, sizes, length_buckets=None) -> tuple:
@@ -311,7 +322,7 @@ def _check_settings(cpath: Path, config: dict, out: Path, files: dict) -> None:
 
 
 def _evaluate_population(out, files, manifest, rank, world, grid, config, batches, measures, n_batches, batch_size,
-                         n_iter, seed, threads, progress, device, tag, length_buckets=None):
+                         n_iter, seed, threads, progress, device, tag, length_buckets=None, curvature_options=None):
     if threads:
         torch.set_num_threads(threads)
     if device is None:
@@ -370,7 +381,7 @@ def _evaluate_population(out, files, manifest, rank, world, grid, config, batche
             bar.set_postfix_str(f"{name} {len(done)}/{n_units} {measure} ρ={key}")
 
         res = evaluate_model(model, batches, grid, measures, n_iter=n_iter, seed=seed, length_buckets=length_buckets,
-                             done=done, on_unit=finished)
+                             done=done, on_unit=finished, curvature_options=curvature_options)
         rec = dict(model=m["name"], gap=m["metrics"]["gap"], **res)
         append_line(mine_path, rec)
         new.append(rec)

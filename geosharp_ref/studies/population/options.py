@@ -19,7 +19,7 @@ import math
 import numbers
 
 __all__ = ["check_count", "check_seed", "check_radii", "check_sizes", "check_training", "check_evaluation",
-           "check_calibration", "MIN_STUDY_MODELS"]
+           "check_calibration", "check_curvature_options", "CURVATURE_OPTIONS", "MIN_STUDY_MODELS"]
 
 #: a study ends in a Kendall τ over the models: it needs at least this many
 MIN_STUDY_MODELS = 3
@@ -100,6 +100,32 @@ def check_evaluation(rhos, measures, n_batches, batch_size, n_iter, seed=0, thre
     check_count("--threads", threads, optional=True)
     check_sizes("--sizes", sizes, optional=True)
     check_count("--length-buckets", length_buckets, optional=True)
+
+
+#: the options of the curvature measures (``hessian-*``) an evaluation may set: Hutchinson / Hutch++ matvecs,
+#: Lanczos steps, the trace estimator
+CURVATURE_OPTIONS = {"probes": "--probes", "steps": "--lanczos-steps", "trace_method": "--trace-method"}
+
+
+def check_curvature_options(measures, options) -> dict:
+    """The curvature measures' options of an evaluation (``{"probes", "steps", "trace_method"}``, None for the
+    library's defaults), checked; returns those given. They are refused where no ``hessian-*`` measure is
+    evaluated (they would change nothing)."""
+    from ...sharpness.curvature import check_trace_method
+
+    given = {k: v for k, v in (options or {}).items() if v is not None}
+    unknown = sorted(set(given) - set(CURVATURE_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown curvature options {unknown}; choose from {sorted(CURVATURE_OPTIONS)}")
+    if given and not any(str(m).startswith("hessian-") for m in measures):
+        names = ", ".join(CURVATURE_OPTIONS[k] for k in given)
+        raise ValueError(f"{names} set the curvature measures (hessian-*), and --measures names none: add one "
+                         f"(e.g. hessian-trace-mix) or drop {names}")
+    for key in ("probes", "steps"):
+        check_count(CURVATURE_OPTIONS[key], given.get(key), optional=True)
+    if "trace_method" in given:
+        check_trace_method(given["trace_method"], given.get("probes", 16))
+    return given
 
 
 def check_calibration(sizes, models, batch_size, probe_rhos, n_iter, seed=0, length_buckets=None) -> None:

@@ -24,3 +24,4 @@ def test_cli_train_small(tmp_path, capsys):
                  "--train-size-max", "64", "--workers", "1", "--no-progress"]) == 0
     assert "2 models" in capsys.readouterr().out
     assert len(json.loads((out / "population.json").read_text())["models"]) == 2
+

@@ -48,6 +48,13 @@ EVALUATE_CASES = {  # option, values, what the line says
     "more examples than the pool": ("--batches", ["1000"], "1000 batches × 16 = 16000 needed"),
     "zero length buckets": ("--length-buckets", ["0"], "--length-buckets must be a positive integer, got 0"),
     "length buckets on images": ("--length-buckets", ["2"], "length buckets need padded text"),
+    "curvature options without a curvature measure": ("--probes", ["4"], "--probes set the curvature measures "
+                                                                         "(hessian-*), and --measures names none"),
+    "zero probes": ("--probes", ["0", "--measures", "hessian-trace-mix"], "--probes must be a positive integer"),
+    "zero Lanczos steps": ("--lanczos-steps", ["0", "--measures", "hessian-top-eigenvalue-mix"],
+                           "--lanczos-steps must be a positive integer"),
+    "Hutch++ with 2 matvecs": ("--trace-method", ["hutch++", "--probes", "2", "--measures", "hessian-trace-inv"],
+                               "Hutch++ (--trace-method hutch++) needs at least 3 matvecs"),
 }
 
 

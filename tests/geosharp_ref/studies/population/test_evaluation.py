@@ -143,6 +143,59 @@ def test_curvature_evaluation_records_the_standard_errors_of_each_batch(referenc
     assert {"gap", "train_error", "hessian-trace-mix@rho=1"} <= set(header)
 
 
+def test_curvature_options_reach_the_curvature_measures_alone(reference, tmp_path):
+    """``curvature_options`` (Hutch++ with 4 matvecs, 5 Lanczos steps) give each curvature record the value of a
+    direct call with those options, and differ from the defaults'; the Auto-PGD measure beside them is unchanged;
+    the options are stored with the settings only where given."""
+    from geosharp_ref.sharpness.curvature import curvature_sharpness
+
+    out = cases.copy_population(reference, tmp_path)
+    measures = ("adaptive", "hessian-trace-mix", "hessian-top-eigenvalue-euclidean")
+    opts = dict(probes=4, steps=5, trace_method="hutch++")
+    settings = dict(EVAL, rhos=(1.0,), measures=measures, n_batches=1)
+    rec = pop.evaluate_population(out, tag="opts", curvature_options=opts, **settings)["model_001"]
+    assert json.loads((out / "evaluation-opts.json").read_text())["curvature"] == opts
+    man = json.loads((out / "population.json").read_text())
+    batches = pop.sharpness_batches(man, 1, EVAL["batch_size"], out)
+    model = load_model(out / "models/model_001")
+    smap = symmetry_map(model)
+    trace = curvature_sharpness(model, batches, 1.0, quantity="trace", geometry="mix", probes=4,
+                                trace_method="hutch++", symmetry_map=smap)
+    top = curvature_sharpness(model, batches, 1.0, quantity="top-eigenvalue", geometry="euclidean", steps=5)
+    assert rec["values"]["hessian-trace-mix"]["1"] == pytest.approx(trace.mean, rel=1e-10)
+    assert rec["values"]["hessian-top-eigenvalue-euclidean"]["1"] == pytest.approx(top.mean, rel=1e-10)
+    assert rec["errors"]["hessian-trace-mix"]["1"] == pytest.approx(trace.config["errors"], rel=1e-8)
+    adaptive = get_measure("adaptive").evaluate(model, batches, 1.0, n_iter=EVAL["n_iter"], seed=0)
+    assert rec["values"]["adaptive"]["1"] == pytest.approx(adaptive.mean, rel=1e-10)
+
+    plain = pop.evaluate_population(out, tag="plain", **settings)["model_001"]  # the library's defaults
+    assert "curvature" not in json.loads((out / "evaluation-plain.json").read_text())
+    assert plain["values"]["adaptive"] == rec["values"]["adaptive"]
+    for name in measures[1:]:
+        assert plain["values"][name]["1"] != rec["values"][name]["1"]
+    with pytest.raises(ValueError, match="--measures names none"):
+        pop.evaluate_population(out, tag="x", curvature_options=dict(probes=4), **dict(settings, measures=["adaptive"]))
+    assert not (out / "evaluation-x.json").exists()
+
+
+def test_cli_curvature_options_equal_the_library(reference, tmp_path, capsys):
+    """`population evaluate --probes/--trace-method/--lanczos-steps` on the hessian-* measures: the records equal
+    the library's with the same curvature options, which the settings file stores."""
+    from geosharp_ref.cli import main
+
+    measures = ["hessian-trace-inv", "hessian-top-eigenvalue-mix"]
+    a, b = cases.copy_population(reference, tmp_path / "a"), cases.copy_population(reference, tmp_path / "b")
+    argv = ["population", "evaluate", "--out", str(a), "--rho", "1", "--batches", "1", "--batch-size", "16",
+            "--measures", *measures, "--probes", "3", "--trace-method", "hutch++", "--lanczos-steps", "4",
+            "--tag", "curv", "--no-progress"]
+    assert main(argv) == 0, capsys.readouterr().err
+    opts = dict(probes=3, trace_method="hutch++", steps=4)
+    assert json.loads((a / "evaluation-curv.json").read_text())["curvature"] == opts
+    pop.evaluate_population(b, rhos=(1.0,), n_batches=1, batch_size=16, measures=measures, tag="curv",
+                            curvature_options=opts, progress=False)
+    assert (a / "results-curv.jsonl").read_text() == (b / "results-curv.jsonl").read_text()
+
+
 def test_a_killed_model_resumes_from_its_finished_measures(reference, tmp_path, monkeypatch):
     """An evaluation killed inside a model keeps that model's finished (measure, radius) units
     (results.units/); the rerun measures only the rest, and the results equal the uninterrupted ones byte for
