@@ -17,6 +17,8 @@ geosharp_ref.__file__; from geosharp_ref.cli import main; sys.exit(main(sys.argv
 # all 80 models trained (the manifest is complete) before the reliability, and the reliability before any sharpness
 "$PY" -c "import json, sys; m = json.load(open('$DIR/population.json')); n = len(m['models']); \
 sys.exit(0 if m.get('complete') and n == 80 else f'{n} of 80 models trained: finish the training first')"
+# where this sitting starts (counts and times only, no result value)
+gs population status --out "$DIR"
 OMP_NUM_THREADS=2 gs population reliability --out "$DIR" --threads 2 --no-progress
 OMP_NUM_THREADS=2 gs population calibrate --out "$DIR" --sizes 2e-5 2e-4 1e-3 1e-2 --models 3 --batch-size 128 \
     --probe-rho 0.03 0.3 --iters 20 --length-buckets 8 --threads 2 --no-progress --measures adaptive geodesic-inv \

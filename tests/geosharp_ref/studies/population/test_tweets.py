@@ -293,13 +293,14 @@ def test_the_sharpness_script_runs_the_protocols_commands():
         if m:
             a = parser.parse_args(shlex.split(m.group(1).replace('"$DIR"', "/pop")))
             runs[(a.action, getattr(a, "tag", ""))] = a
-    assert list(runs) == [("reliability", ""), ("calibrate", ""), ("evaluate", ""), ("evaluate", "ablations"),
+    assert list(runs) == [("status", ""), ("reliability", ""), ("calibrate", ""), ("evaluate", ""), ("evaluate", "ablations"),
                           ("evaluate", "curvature"), ("correlate", ""), ("correlate", "ablations"),
                           ("correlate", "curvature")]
     curv = runs["evaluate", "curvature"]
     assert tuple(curv.measures) == CURVATURE_PROTOCOL["measures"] and curv.rho == [CURVATURE_PROTOCOL["rho"]]
     assert (curv.batches, curv.batch_size, curv.length_buckets) == tuple(
         CURVATURE_PROTOCOL[k] for k in ("batches", "batch_size", "length_buckets")) and not curv.calibration
+    assert (curv.probes, curv.lanczos_steps, curv.trace_method) == (None, None, None)  # the library's defaults
     cal, main, abl = runs["calibrate", ""], runs["evaluate", ""], runs["evaluate", "ablations"]
     assert tuple(cal.sizes) == EVALUATION_PROTOCOL["sizes"] and tuple(cal.probe_rho) == EVALUATION_PROTOCOL["probe_rhos"]
     assert set(cal.measures) == {m for m in EVALUATION_PROTOCOL["measures"] + ABLATION_PROTOCOL["measures"]
