@@ -259,7 +259,20 @@ class _CountingBall(EuclideanBall):
         return self.keep(super().scale(xi, s))
 
 
-def test_apgd_keeps_at_most_three_vectors_alive_while_evaluating():
+@pytest.fixture
+def gc_of_this_test():
+    """``gc.collect()`` inside the test scans only what the test creates: the heap the suite built so far is frozen
+    (``gc.freeze``) for its duration. The memory tests collect at every evaluation, and a full collection of a
+    suite's heap takes most of a second."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def test_apgd_keeps_at_most_three_vectors_alive_while_evaluating(gc_of_this_test):
     """While f and its gradient are evaluated, Auto-PGD holds the new point, the current iterate (the next x_prev) and
     an older best point: at most three tangent vectors and no gradient (the best point's gradient is evaluated again
     on a restart instead of kept; the loop that held x_prev, the spent gradient and the best point's gradient keeps
@@ -290,7 +303,7 @@ def test_apgd_keeps_at_most_three_vectors_alive_while_evaluating():
     assert len(alive) > len(kept) == 21  # restarts from older best points re-evaluated their gradient
 
 
-def test_apgd_forms_the_next_iterate_in_the_direction_s_place():
+def test_apgd_forms_the_next_iterate_in_the_direction_s_place(gc_of_this_test):
     """Auto-PGD hands the spent gradient and direction to the space (``consume``): once the next iterate is formed,
     x, x_prev and the new point are alive (three tangent vectors, four while the best point is an older one), one
     fewer at every step than with a space that ignores ``consume`` (which holds the direction as well), and the
@@ -325,7 +338,7 @@ def test_apgd_forms_the_next_iterate_in_the_direction_s_place():
     assert max(lean.after_combining) == 4 and lean.after_combining.count(3) > 10
 
 
-def test_an_older_best_point_is_parked_and_the_iterates_do_not_change(tmp_path, monkeypatch):
+def test_an_older_best_point_is_parked_and_the_iterates_do_not_change(tmp_path, monkeypatch, gc_of_this_test):
     """With ``park_bytes=0`` a best point older than x waits in an anonymous temporary file once the momentum step
     has used it: while f and its gradient are evaluated at most two tangent vectors hold memory (the new point and
     the current iterate; three without parking on this objective, whose steps overshoot), nothing is left in the

@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 import numbers
 
+from ...sharpness.curvature import check_trace_method
+
 __all__ = ["check_count", "check_seed", "check_radii", "check_sizes", "check_training", "check_evaluation",
            "check_calibration", "check_curvature_options", "CURVATURE_OPTIONS", "MIN_STUDY_MODELS"]
 
@@ -111,8 +113,6 @@ def check_curvature_options(measures, options) -> dict:
     """The curvature measures' options of an evaluation (``{"probes", "steps", "trace_method"}``, None for the
     library's defaults), checked; returns those given. They are refused where no ``hessian-*`` measure is
     evaluated (they would change nothing)."""
-    from ...sharpness.curvature import check_trace_method
-
     given = {k: v for k, v in (options or {}).items() if v is not None}
     unknown = sorted(set(given) - set(CURVATURE_OPTIONS))
     if unknown:

@@ -66,18 +66,8 @@ def _space(kind, metric="mix"):
         model, batch = _attention()
         params = {n: p.detach() for n, p in model.named_parameters()}
         return model, batch, build_space(params, symmetry_map(model), metric)
-    if kind == "joint-lora":  # LoRA × attention, one factor per adapter and its pair; nothing else perturbed
-        pytest.importorskip("peft")
-        torch.manual_seed(0)
-        model = cases.lora(cases.bert(initializer_range=cases.IR, hidden_size=8, intermediate_size=16,
-                                      num_hidden_layers=1), targets=("query", "attention.output.dense")).to(DT).eval()
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", category=NoAttentionPairsWarning)
-            factors, _ = joint_lora_factors(model, symmetry_map(model).groups, metric)
-        params = {n: p.detach() for n, p in model.named_parameters()}
-        batch = ({"input_ids": torch.randint(3, 50, (4, 7), generator=torch.Generator().manual_seed(1))},
-                 torch.tensor([0, 1, 2, 1]))
-        return model, batch, ProductSpace(params, factors, adaptive_masks={})
+    if kind == "joint-lora":
+        return _joint_lora(metric)
     if kind == "llama-rope":  # the RoPE subgroup on grouped-query Q/K pairs (generic factors, kernel options)
         case = cases.build_binding_case("llama-rope-qk")
         return case.model, case.batch, build_space(case.params, None, None, case.bindings)
@@ -86,6 +76,23 @@ def _space(kind, metric="mix"):
     if kind == "relu-units":
         return model, batch, build_space(params, None, None, case.bindings)
     return model, batch, ProductSpace(params, [Factor("scaling", OutputScaling())])
+
+
+def _joint_lora(metric, hidden=8):
+    """LoRA × attention: a one-layer BERT (``hidden`` wide, 2 heads) with LoRA on query (into the heads) and on the
+    attention output (out of them), one joint factor per adapter and its pair; nothing else perturbed."""
+    pytest.importorskip("peft")
+    torch.manual_seed(0)
+    model = cases.lora(cases.bert(initializer_range=cases.IR, hidden_size=hidden, intermediate_size=2 * hidden,
+                                  num_attention_heads=2, num_hidden_layers=1),
+                       targets=("query", "attention.output.dense")).to(DT).eval()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=NoAttentionPairsWarning)
+        factors, _ = joint_lora_factors(model, symmetry_map(model).groups, metric)
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    batch = ({"input_ids": torch.randint(3, 50, (4, 7), generator=torch.Generator().manual_seed(1))},
+             torch.tensor([0, 1, 2, 1]))
+    return model, batch, ProductSpace(params, factors, adaptive_masks={})
 
 
 CASES = [("attention", "inv"), ("attention", "mix"), ("relu-units", "mix"), ("declared-scaling", None),
@@ -200,6 +207,8 @@ def test_trace_and_eigenvalues_equal_the_dense_horizontal_hessian(kind, metric):
         model, batch = _attention(d=4)
         params = {n: p.detach() for n, p in model.named_parameters()}
         space = build_space(params, symmetry_map(model), metric)
+    if kind == "joint-lora":  # so does a narrower BERT (heads of width 2)
+        model, batch, space = _joint_lora(metric, hidden=4)
     op = QuotientHessian(space, lambda p: model_loss(model, p, batch))
     ref, dim_h = _dense_reference(space, model, batch)
     assert dim_h < op.dim  # a vertical space exists: the restriction is a real restriction
