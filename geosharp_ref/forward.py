@@ -21,7 +21,8 @@ from torch.func import functional_call
 from .precision import keep_float64
 
 __all__ = ["IGNORE_INDEX", "model_logits", "check_targets", "default_loss", "call_model", "model_loss", "to_device",
-           "check_finite_batch", "float64_inputs", "LengthBuckets", "length_buckets", "check_length_buckets", "padded_extent",
+           "check_finite_batch", "float64_inputs", "LengthBuckets", "length_buckets", "check_length_buckets",
+           "padded_extent",
            "batch_to_device", "model_device"]
 
 

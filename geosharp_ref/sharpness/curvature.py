@@ -311,8 +311,9 @@ def curvature_sharpness(model, batches, rho, *, quantity: str, geometry: str, pr
     """A curvature quantity per batch as a :class:`SharpnessResult` (what the named measures return):
     ``quantity`` "trace" (``probes`` matvecs by ``trace_method``, :data:`TRACE_METHODS`; the standard errors in
     ``config``) or "top-eigenvalue" (Lanczos, ``steps``); ``mean`` over the batches (the trace of the mean loss's
-    Hessian; for eigenvalues the mean of the per-batch top eigenvalues). ``rho`` is recorded only; ``loss_after`` equals ``loss_before`` and the
-    perturbation fields are empty (no perturbation is made). Options of the Auto-PGD measures are ignored."""
+    Hessian; for eigenvalues the mean of the per-batch top eigenvalues). ``rho`` is recorded only; ``loss_after``
+    equals ``loss_before`` and the perturbation fields are empty (no perturbation is made). Options of the
+    Auto-PGD measures are ignored."""
     if quantity not in ("trace", "top-eigenvalue"):
         raise ValueError(f"unknown curvature quantity {quantity!r}; choose 'trace' or 'top-eigenvalue'")
     t0 = time.perf_counter()

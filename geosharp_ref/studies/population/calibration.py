@@ -138,10 +138,11 @@ def calibrate_population(out, sizes, measures=MEASURES, models: int = 3, batch_s
         done = _existing_calibration(out, settings)  # finished while this one waited for the lock
         if done is not None:
             return done
-        measured, seconds = _probe_sizes(out, manifest["models"][:models], batch, settings, measures, probes, n_iter, seed,
-                                         threads, progress, length_buckets)
+        entries = manifest["models"][:models]
+        measured, seconds = _probe_sizes(out, entries, batch, settings, measures, probes, n_iter, seed, threads,
+                                         progress, length_buckets)
         calibration = _fit(settings, measured, probes, sizes)
-        calibration.update(models_used=[e["name"] for e in manifest["models"][:models]], seconds=round(seconds, 1))
+        calibration.update(models_used=[e["name"] for e in entries], seconds=round(seconds, 1))
         write_json_atomic(path, calibration)
         (out / CALIBRATION_UNITS).unlink(missing_ok=True)  # every probe run is in calibration.json now
     return calibration

@@ -46,8 +46,8 @@ from ...plots import plot_signed_contrast
 from ...stats import kendall_tau_b, kendall_with_ci
 
 __all__ = ["signed_tau_difference", "attenuated_tau", "partial_tau", "partial_tau_with_ci", "partial_tau_difference",
-           "kendall_null_sd",
-           "kendall_power", "min_detectable_tau", "contrast_power", "reanalyse", "tau_row", "PAPER_MNLI_TAU", "REANALYSIS", "REANALYSIS_PLOT"]
+           "kendall_null_sd", "kendall_power", "min_detectable_tau", "contrast_power", "reanalyse", "tau_row",
+           "PAPER_MNLI_TAU", "REANALYSIS", "REANALYSIS_PLOT"]
 
 REANALYSIS = "reanalysis.json"
 #: the signed contrasts with their intervals, the partial-τ contrasts and the paper's attenuated differences

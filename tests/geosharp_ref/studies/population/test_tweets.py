@@ -293,7 +293,8 @@ def test_the_sharpness_script_runs_the_protocols_commands():
         if m:
             a = parser.parse_args(shlex.split(m.group(1).replace('"$DIR"', "/pop")))
             runs[(a.action, getattr(a, "tag", ""))] = a
-    assert list(runs) == [("status", ""), ("reliability", ""), ("calibrate", ""), ("evaluate", ""), ("evaluate", "ablations"),
+    assert list(runs) == [("status", ""), ("reliability", ""), ("calibrate", ""),
+                          ("evaluate", ""), ("evaluate", "ablations"),
                           ("evaluate", "curvature"), ("correlate", ""), ("correlate", "ablations"),
                           ("correlate", "curvature")]
     curv = runs["evaluate", "curvature"]
