@@ -53,16 +53,15 @@ import itertools
 import random
 import re
 from dataclasses import dataclass, field
-from fractions import Fraction
 
-import numpy as np
 import sympy as sp
 from sympy import GF, QQ, Inverse, MatMul, MatrixSymbol, Trace
 from sympy.polys.matrices import DomainMatrix
 
 from .errors import DeclarationError, UnsupportedStructureError
-from .exact_eval import PRIME, DualEvaluator, fraction_matrix, inverse, random_int_matrix, rational_reconstruction
+from .exact_eval import PRIME, fraction_matrix, rational_reconstruction
 from .matrix_calculus import canonicalize, directional_derivative, is_zero
+from .invariant_points import random_point_evaluator
 from .invariant_proofs import classify, elementwise_pd, pd_text, prove_invariance, tidy
 from .metric import InvarianceResult, Metric
 from .symmetry import Symmetry
@@ -162,7 +161,7 @@ class InvariantFamily:
         rng = random.Random(seed)
         rows, rhs = [], []
         for t in range(len(self.basis) + trials + 2):
-            ev = _evaluator(self, self._sizes[t % len(self._sizes)], rng, lie=False)
+            ev = random_point_evaluator(self, self._sizes[t % len(self._sizes)], rng, lie=False)
             rows.append([ev.value(m.metric.expr) for m in self.basis])
             rhs.append(ev.value(metric.expr))
         M = DomainMatrix([[QQ(r.numerator, r.denominator) for r in row] + [QQ(b.numerator, b.denominator)]
@@ -268,55 +267,6 @@ def _size_sets(sym: Symmetry, ansatz: Ansatz):
                  for t, hv in enumerate((2, 3)))
 
 
-def _lie_basis(family_or_sym, h):
-    sym = family_or_sym
-    if sym.subalgebra is not None:
-        return [fraction_matrix(E) for E in sym.subalgebra.basis(h)]
-    return None
-
-
-def _evaluator(fam, sizes, rng, lie=True):
-    """A DualEvaluator at a random point: blocks θ (dual part v_X(θ)), tangents ξ, η (dual part D v_X[·]),
-    random Lie algebra element X (a random combination of a subalgebra's basis)."""
-    sym = fam.symmetry
-    ctx = fam._ctx
-    env = {Z: (val, None) for Z, val in fam.constants.items()}
-    if sym.elementwise:
-        for s in sym.blocks:
-            env[s] = (Fraction(rng.randint(1, 9), rng.randint(1, 4)), None)
-        for t in (*sym.tangent("xi"), *sym.tangent("eta")):
-            env[t] = (Fraction(rng.randint(-6, 6), rng.randint(1, 3)), None)
-        env[ctx["X"]] = (Fraction(rng.randint(-5, 5) or 1, 2), None)
-    else:
-        h = int(sym.group_element.shape[0].xreplace(sizes))
-        for s in (*sym.blocks, *sym.tangent("xi"), *sym.tangent("eta")):
-            r, c = (int(sp.sympify(d).xreplace(sizes)) for d in s.shape)
-            M = random_int_matrix(r, c, rng)
-            while s in sym.blocks and _singular(M.T @ M):
-                M = random_int_matrix(r, c, rng)
-            env[s] = (M, None)
-        basis = _lie_basis(sym, h)
-        X = (random_int_matrix(h, h, rng) if basis is None
-             else sum((rng.randint(-3, 3) * E for E in basis), np.zeros((h, h), dtype=object) + Fraction(0)))
-        env[ctx["X"]] = (X, None)
-    ev = DualEvaluator(sizes, env)
-    if lie:  # the dual parts: θ̇ = v_X(θ), ξ̇ = D v_X[ξ], η̇ = D v_X[η]
-        plain = DualEvaluator(sizes, dict(env))
-        for b, v, dx, de, x, e in zip(sym.blocks, ctx["v"], ctx["dv_xi"], ctx["dv_eta"], ctx["xi"], ctx["eta"]):
-            env[b] = (env[b][0], plain.value(v))
-            env[x] = (env[x][0], plain.value(dx))
-            env[e] = (env[e][0], plain.value(de))
-    return ev
-
-
-def _singular(S) -> bool:
-    try:
-        inverse(S)
-        return False
-    except ZeroDivisionError:
-        return True
-
-
 def _to_qq(rows):
     return DomainMatrix([[QQ(x.numerator, x.denominator) for x in r] for r in rows], (len(rows), len(rows[0])), QQ)
 
@@ -355,7 +305,7 @@ def invariant_metrics(symmetry: Symmetry, ansatz: Ansatz | None = None, seed: in
     fam._sizes = _size_sets(sym, ansatz)
     rng = random.Random(seed)
     cands, dense, n_pts = solve_invariant_span(
-        cands, lambda p: [(_evaluator(fam, fam._sizes[p % len(fam._sizes)], rng), True)])
+        cands, lambda p: [(random_point_evaluator(fam, fam._sizes[p % len(fam._sizes)], rng), True)])
     fam.n_independent, fam.n_equations = len(cands), n_pts
     if dense is None:
         fam.pd_conditions = "no invariant metric in this ansatz; raise the degree or enable products"

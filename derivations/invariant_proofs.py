@@ -17,6 +17,7 @@ import sympy as sp
 from sympy import Inverse, MatMul, MatrixSymbol, Trace
 
 from .exact_eval import DualEvaluator
+from .invariant_points import random_point_evaluator
 from .matrix_calculus import canonicalize, is_zero
 from .metric import (InvarianceResult, Metric, _canonical_trace, _expand_group_inverses, check_invariance,
                      simplify_under_group)
@@ -129,9 +130,8 @@ def _gram(metric: Metric, sizes, rng, fam) -> tuple[np.ndarray, list]:
     """Float Gram matrix g(e_i, e_j) of ``metric`` in coordinates at a random point, and each coordinate's block
     (the θ-only sub-expressions, e.g. Gram inverses, are evaluated once)."""
     sym = metric.symmetry
-    from .invariant import _evaluator  # the family's random points
 
-    ev0 = _evaluator(fam, sizes, rng, lie=False)
+    ev0 = random_point_evaluator(fam, sizes, rng, lie=False)
     xi, eta = sym.tangent("xi"), sym.tangent("eta")
 
     def flt(v):
