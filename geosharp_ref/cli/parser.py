@@ -416,7 +416,7 @@ def _add_population(sub):
     rel.add_argument("--threads", type=int, default=1, help="torch threads of the test predictions (default 1)")
     rel.add_argument("--no-progress", action="store_true", help="no progress bars")
     s = acts.add_parser("status", help="where the population stands (models trained, predictions, calibration, "
-                                       "units of each evaluation, CPU time left), blind to every result value")
+                                       "units of each evaluation, time left), blind to every result value")
     s.add_argument("--out", required=True, metavar="DIR", help="population directory")
     s.add_argument("--json", action="store_true", help="print the status as JSON")
     c = acts.add_parser("correlate", help="Kendall τ with bootstrap CIs per measure and ρ; JSON, CSV, PNG, table")

@@ -6,17 +6,18 @@ timings only, and returns no value of any result, so it can be run at every sitt
 
 * **training**: models planned in the manifest, trained (a model directory exists: directories are written
   atomically), ``.tmp-*`` directories (a model in progress, or one left by a killed run), and the median
-  training time of a trained model (its record's ``seconds``, one worker);
+  training time of a trained model (its record's ``seconds``: the wall time of the worker that trained it);
 * **reliability**: models whose test predictions are written (``test_predictions.jsonl``), and whether
   ``reliability.json`` is written;
 * **calibration**: whether ``calibration.json`` is written, else the finished probe runs of a calibration in
   progress (``calibration.units.jsonl``) and their mean time;
 * **each evaluation** (``evaluation.json``, ``evaluation-TAG.json``): models finished, units (measure × radius
   of one model) finished of the model(s) in progress, units left, and, from the finished units' times, the
-  CPU time left for one worker (an estimate: units of one evaluation take about the same time); whether
+  time left for one worker (an estimate: units of one evaluation take about the same time); whether
   ``correlate`` has run (``correlation[-TAG].json``).
 
-Nothing is written. The manifest must exist; everything else may be absent.
+Times are wall times of one worker, as measured (a worker that shared its core ran longer). Nothing is written.
+The manifest must exist; everything else may be absent.
 """
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def _training(out: Path, manifest: dict) -> dict:
     med = _median(seconds)
     return dict(planned=len(models), trained=trained, complete=bool(manifest.get("complete")), in_progress_dirs=tmp,
                 median_seconds_per_model=med,
-                remaining_cpu_hours=None if med is None else (len(models) - trained) * med / 3600)
+                remaining_worker_hours=None if med is None else (len(models) - trained) * med / 3600)
 
 
 def _reliability(out: Path) -> dict:
@@ -95,7 +96,7 @@ def _evaluation(out: Path, tag: str, n_models: int) -> dict:
     mean = _mean([float(u["seconds"]) for u in units.values() if isinstance(u.get("seconds"), (int, float))])
     return dict(models_finished=len(done), models=n_models, units_per_model=per_model,
                 units_finished_in_models_in_progress=partial, units_left=left, mean_seconds_per_unit=mean,
-                remaining_cpu_hours=None if mean is None else left * mean / 3600,
+                remaining_worker_hours=None if mean is None else left * mean / 3600,
                 correlated=(out / f"{files['correlation']}.json").is_file())
 
 
@@ -119,7 +120,7 @@ def population_status(out) -> dict:
 
 
 def _hours(h) -> str:
-    return "" if h is None else f"; ≈ {h:.1f} CPU-hours left (one worker)"
+    return "" if h is None else f"; ≈ {h:.1f} hours left for one worker"
 
 
 def format_status(status: dict) -> str:
@@ -129,8 +130,8 @@ def format_status(status: dict) -> str:
     lines = [f"{status['out']} ({status['task']}): {t['trained']} of {t['planned']} models trained"
              + ("" if t["complete"] else ", training not finished")
              + (f"; {t['in_progress_dirs']} in progress or left by a killed run" if t["in_progress_dirs"] else "")
-             + ("" if med is None else f"; median {med / 60:.1f} CPU-minutes per model")
-             + ("" if t["trained"] == t["planned"] else _hours(t["remaining_cpu_hours"]))]
+             + ("" if med is None else f"; median {med / 60:.1f} minutes per model (a worker's wall time)")
+             + ("" if t["trained"] == t["planned"] else _hours(t["remaining_worker_hours"]))]
     r = status["reliability"]
     lines.append("  reliability: " + ("written" if r["written"] else "not started" if not r["models_predicted"] else
                                        f"test predictions of {r['models_predicted']} of {t['planned']} models"))
@@ -145,6 +146,6 @@ def format_status(status: dict) -> str:
         lines.append(f"  evaluation {tag}: {e['models_finished']} of {e['models']} models finished"
                      + (f" (+{e['units_finished_in_models_in_progress']} of {e['units_per_model']} units of the "
                         f"model(s) in progress)" if e["units_finished_in_models_in_progress"] else "")
-                     + f", {e['units_left']} units left" + _hours(e["remaining_cpu_hours"])
+                     + f", {e['units_left']} units left" + _hours(e["remaining_worker_hours"])
                      + ("; correlated" if e["correlated"] else ""))
     return "\n".join(lines)

@@ -39,7 +39,7 @@ def test_status_of_a_population_in_training(trained, tmp_path, capsys):
     assert status == dict(
         out=str(out), task=man["plan"]["task"],
         training=dict(planned=4, trained=3, complete=False, in_progress_dirs=1, median_seconds_per_model=med,
-                      remaining_cpu_hours=med / 3600),
+                      remaining_worker_hours=med / 3600),
         reliability=dict(models_predicted=0, written=False),
         calibration=dict(written=False, probe_runs_finished=0, mean_seconds_per_run=None), evaluations={})
     capsys.readouterr()
@@ -73,7 +73,7 @@ def test_status_of_a_killed_evaluation_and_calibration(reference, trained, tmp_p
     assert status["evaluations"] == {"main": dict(
         models_finished=1, models=cases.POPULATION_MODELS, units_per_model=per_model,
         units_finished_in_models_in_progress=3, units_left=left, mean_seconds_per_unit=mean,
-        remaining_cpu_hours=left * mean / 3600, correlated=False)}
+        remaining_worker_hours=left * mean / 3600, correlated=False)}
     assert status["calibration"] == dict(written=False, probe_runs_finished=2,
                                          mean_seconds_per_run=statistics.fmean(u["seconds"] for u in runs))
     assert "evaluation main: 1 of 4 models finished (+3 of 6 units" in format_status(status)
