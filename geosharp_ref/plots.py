@@ -9,7 +9,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-__all__ = ["plot_diagnet_scatter", "plot_population_scatter", "plot_tau_vs_rho", "plot_signed_contrast"]
+__all__ = ["plot_diagnet_scatter", "plot_population_scatter", "plot_tau_vs_rho", "plot_signed_contrast", "row_value"]
 
 _DIAG_PANELS = (("adaptive", "adaptive"), ("geodesic_inv", "geodesic, metric (5) inv"),
                 ("geodesic_mix", "geodesic, metric (6) mix"))
@@ -139,6 +139,12 @@ def plot_population_scatter(path, names, recs, gap, cfg, table, color=None, colo
     return fig
 
 
+def row_value(row: str) -> float:
+    """The number of a population result row: the target size of ``size=2e-05``, or the radius of a uniform
+    sweep (``0.01``)."""
+    return float(row.split("=", 1)[1] if "=" in row else row)
+
+
 def plot_signed_contrast(path, result: dict):
     """The primary contrast of a population (:func:`geosharp_ref.studies.population.reanalysis.reanalyse` or the
     tweets protocol's ``analyse``): Δ = τ(s_geo, gap) − τ(s_ada, gap) for each Auto-PGD geodesic measure at each
@@ -147,7 +153,7 @@ def plot_signed_contrast(path, result: dict):
     (×). A ``*`` marks a contrast whose Holm-adjusted p < 0.05 with Δ > 0 (``geodesic_better``, where the
     result holds it). Returns the figure (one axis; x = the rows, ascending: target sizes ``size=…``, or the radii
     of a uniform sweep)."""
-    rows = sorted(result["signed_contrast"], key=lambda r: float(r.split("=", 1)[1] if "=" in r else r))
+    rows = sorted(result["signed_contrast"], key=row_value)
     keys = sorted({k for cells in result["signed_contrast"].values() for k in cells if "linearised" not in k})
     fig = Figure(figsize=(1.2 * len(rows) + 5.0, 3.8), constrained_layout=True)
     FigureCanvasAgg(fig)

@@ -42,7 +42,7 @@ import numpy as np
 from scipy.stats import kendalltau, norm
 
 from ...io.durable import write_json_atomic
-from ...plots import plot_signed_contrast
+from ...plots import plot_signed_contrast, row_value
 from ...stats import kendall_tau_b, kendall_with_ci
 
 __all__ = ["signed_tau_difference", "attenuated_tau", "partial_tau", "partial_tau_with_ci", "partial_tau_difference",
@@ -214,11 +214,6 @@ def tau_row(t: dict) -> str:
     return t.get("row") or t["rho"]
 
 
-def _row_value(row: str) -> float:
-    """The number of a result row: the target size of ``size=2e-05``, or the radius of a uniform sweep (``0.01``)."""
-    return float(row.split("=", 1)[1] if "=" in row else row)
-
-
 def reanalyse(out, n_boot: int = 1000, seed: int = 0, sims: int = 2000, paper: dict | None = None,
               write: bool = True) -> dict:
     """The re-analysis of one committed population directory (see the module doc); writes ``reanalysis.json``.
@@ -255,7 +250,7 @@ def reanalyse(out, n_boot: int = 1000, seed: int = 0, sims: int = 2000, paper: d
                                                                                seed=seed)
 
     paper_att = {m: attenuated_tau(t, R) for m, t in paper.items()}
-    rows = sorted({r for r, _ in rho}, key=_row_value)
+    rows = sorted({r for r, _ in rho}, key=row_value)
     contrast, partial = {}, {}
     for row in rows:
         partial[row] = {m: partial_tau_with_ci(col[row, m], gap, train, n_boot=n_boot, seed=seed)
