@@ -102,7 +102,8 @@ def read_units(out: Path, files: dict, digest: str) -> dict:
                                  f"'measure', 'rho', 'settings', 'value', 'per_batch', 'loss'); delete that line (the "
                                  f"measure is evaluated again) or the file")
             if u["settings"] == digest:
-                unit = {k: u[k] for k in ("value", "per_batch", "loss", "relative_size", "errors") if k in u}
+                unit = {k: u[k] for k in ("value", "per_batch", "loss", "relative_size", "errors", "seconds")
+                        if k in u}  # seconds: for `population status` only, never in a record
                 units.setdefault((u["model"], u["measure"], u["rho"]), unit)
     return units
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ...io.durable import read_jsonl
 from .calibration import CALIBRATION, CALIBRATION_UNITS
-from .evaluation import evaluation_grid, read_evaluation_settings, read_results, settings_digest
+from .evaluation import evaluation_grid, read_evaluation_settings, read_results, read_units, settings_digest
 from .manifest import MANIFEST, population_files, read_json_object
 from .reliability import PREDICTIONS, RELIABILITY
 
@@ -85,12 +85,7 @@ def _evaluation(out: Path, tag: str, n_models: int) -> dict:
     _, grid = evaluation_grid(cfg)
     per_model = sum(len(v) for v in grid.values())
     done = set(read_results(out, tag))
-    digest = settings_digest(cfg)
-    units = {}
-    for path in sorted((out / files["units"]).glob("rank*.jsonl")):
-        for u in read_jsonl(path):
-            if isinstance(u, dict) and u.get("settings") == digest:
-                units.setdefault((u.get("model"), u.get("measure"), u.get("rho")), u)
+    units = read_units(out, files, settings_digest(cfg))
     partial = sum(1 for (model, _, _) in units if model not in done)
     left = (n_models - len(done)) * per_model - partial
     mean = _mean([float(u["seconds"]) for u in units.values() if isinstance(u.get("seconds"), (int, float))])
