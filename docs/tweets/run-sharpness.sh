@@ -10,6 +10,10 @@ cd /work/pop-eval
 export PYTHONPATH=/work/pop-eval MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 DIR=/work/populations/tweets/recipes
 PY=/work/main/.venv/bin/python
+# on a new machine, continue from the committed pack (amendment 6); a packed model is rebuilt when loaded
+if [ ! -e "$DIR" ] && [ -f /work/main/docs/tweets/recipes/population.json ]; then
+    cp -r /work/main/docs/tweets/recipes "$DIR.restoring" && mv "$DIR.restoring" "$DIR"
+fi
 gs() {  # geosharp from the snapshot (asserted), at low priority
     nice -n 19 "$PY" -c "import geosharp_ref, sys; assert geosharp_ref.__file__.startswith('/work/pop-eval'), \
 geosharp_ref.__file__; from geosharp_ref.cli import main; sys.exit(main(sys.argv[1:]))" "$@"

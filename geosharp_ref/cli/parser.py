@@ -52,7 +52,9 @@ whenever train_size >= batches * batch_size. Gap = test error - train error.
 
 Every stage resumes: model directories appear atomically, every evaluated model is appended and
 fsync'd to results.jsonl at once; under torchrun the ranks take disjoint shards of the models.
-`population status --out DIR` says where a population stands without showing any result value."""
+`population status --out DIR` says where a population stands without showing any result value.
+`population pack --out DIR --to PACK` writes it without its weights (small enough to commit); `cp -r PACK DIR`
+continues it on another machine, each packed model rebuilt from its recipe and checked by SHA-256 when needed."""
 
 
 def _add_derive(sub):
@@ -419,6 +421,12 @@ def _add_population(sub):
                                        "units of each evaluation, time left), blind to every result value")
     s.add_argument("--out", required=True, metavar="DIR", help="population directory")
     s.add_argument("--json", action="store_true", help="print the status as JSON")
+    k = acts.add_parser("pack", help="copy the population without its weights (each model's record and the SHA-256 "
+                                     "of its files) to a directory a commit can hold; a packed model is rebuilt "
+                                     "from its recipe, and checked, when a command needs it")
+    k.add_argument("--out", required=True, metavar="DIR", help="population directory (only read)")
+    k.add_argument("--to", required=True, metavar="PACK",
+                   help="directory to write: new, or an earlier pack of this population (replaced whole)")
     c = acts.add_parser("correlate", help="Kendall τ with bootstrap CIs per measure and ρ; JSON, CSV, PNG, table")
     c.add_argument("--out", required=True, metavar="DIR", help="population directory")
     c.add_argument("--bootstrap", type=int, default=1000, metavar="N", help="bootstrap resamples (default 1000)")

@@ -1,4 +1,4 @@
-"""``geosharp population train|evaluate|study|calibrate|import|reliability|status|correlate``: the population study's
+"""``geosharp population train|evaluate|study|calibrate|import|reliability|status|pack|correlate``: the population study's
 actions."""
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from ..studies.population.importing import import_population
 from ..studies.population.manifest import MANIFEST, population_files
 from ..studies.population.options import (check_calibration, check_count, check_curvature_options, check_evaluation,
                                           check_seed, check_sizes, check_training)
+from ..studies.population.pack import pack_population
 from ..studies.population.reliability import gap_reliability
 from ..studies.population.status import format_status, population_status
 from ..studies.population.study import run_study
@@ -116,6 +117,11 @@ def run(args) -> int:
     elif args.action == "reliability":
         gap_reliability(args.out, splits=args.splits, seed=args.seed, progress=not args.no_progress,
                         threads=args.threads)
+    elif args.action == "pack":
+        summary = pack_population(args.out, args.to)
+        print(f"packed {summary['models']} models of {args.out} into {args.to} ({summary['files']} files, "
+              f"{summary['bytes'] / 1e6:.1f} MB; {summary['hashed']} models' weights hashed now); continue it "
+              f"elsewhere with `cp -r {args.to} DIR` (each packed model is rebuilt from its recipe when needed)")
     elif args.action == "status":
         status = population_status(args.out)
         print(json.dumps(status, indent=2, sort_keys=True) if args.json else format_status(status))

@@ -18,13 +18,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import os
 from pathlib import Path
 
 import torch
 
-__all__ = ["exclusive_lock", "write_text_atomic", "check_output_path", "write_json_atomic", "save_torch_atomic", "append_line", "read_jsonl", "fsync_dir", "fsync_tree"]
+__all__ = ["exclusive_lock", "write_text_atomic", "check_output_path", "write_json_atomic", "save_torch_atomic", "append_line", "read_jsonl", "fsync_dir", "fsync_tree", "file_digest"]
 
 
 def _tmp_beside(path: Path) -> Path:
@@ -69,6 +70,15 @@ def check_output_path(out, option: str, inputs: dict) -> Path:
             raise ValueError(f"{option} {str(out)!r} is the input file of {name}; writing it would replace your "
                              f"input: give another output file")
     return out
+
+
+def file_digest(path) -> str:
+    """The SHA-256 of the file at ``path`` (hex), read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def save_torch_atomic(obj, path) -> None:
@@ -140,16 +150,17 @@ def fsync_tree(path) -> None:
 
 
 @contextlib.contextmanager
-def exclusive_lock(path, busy: str = "the resource is in use by another process", enabled: bool = True):
-    """Hold an exclusive, non-blocking ``flock`` on ``path`` (created if needed) for the ``with`` block;
-    a second holder is refused at once with ``ValueError(busy)``."""
+def exclusive_lock(path, busy: str = "the resource is in use by another process", enabled: bool = True,
+                   wait: bool = False):
+    """Hold an exclusive ``flock`` on ``path`` (created if needed) for the ``with`` block; a second holder is
+    refused at once with ``ValueError(busy)``, or with ``wait`` waits until the first one is done."""
     if not enabled:
         yield
         return
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except OSError as exc:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise ValueError(busy) from None

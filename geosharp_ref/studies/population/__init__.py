@@ -31,6 +31,7 @@ Modules: :mod:`.task` (what a task supplies), :mod:`.tasks` (the built-in tasks)
 directory layout), :mod:`.training`, :mod:`.evaluation`, :mod:`.correlation`, :mod:`.study` (all three),
 :mod:`.importing` (real populations from local paths), :mod:`.reliability` (split-half reliability of the gaps),
 :mod:`.calibration` (radii matched in relative size), :mod:`.status` (progress without result values),
+:mod:`.pack` (a population without its weights, each rebuilt from its recipe and checked when loaded),
 :mod:`.options` (every option checked once, before anything is read or written).
 """
 from .correlation import correlate_population, parse_where
@@ -38,6 +39,7 @@ from .evaluation import (ABLATIONS, ALL_MEASURES, DEFAULT_RHOS, LINEARISED, MEAS
                          load_population_model, read_results, sharpness_batches)
 from .importing import import_population, load_imported_model
 from .manifest import read_manifest
+from .pack import pack_population, rebuild_model
 from .status import population_status
 from .study import run_study
 from .task import PopulationTask, Split
@@ -46,6 +48,7 @@ from .training import sample_hparams, train_one, train_population
 
 __all__ = ["sample_hparams", "train_one", "train_population", "read_manifest", "sharpness_batches",
            "load_population_model", "evaluate_model", "evaluate_population", "read_results",
-           "correlate_population", "parse_where", "run_study", "population_status", "import_population",
+           "correlate_population", "parse_where", "run_study", "population_status", "pack_population",
+           "rebuild_model", "import_population",
            "load_imported_model", "PopulationTask", "Split", "get_task", "TASKS", "MEASURES", "ABLATIONS", "LINEARISED",
            "ALL_MEASURES", "DEFAULT_RHOS"]

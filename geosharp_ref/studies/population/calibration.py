@@ -215,7 +215,7 @@ def _probe_sizes(out: Path, entries, batch, settings, measures, probes, n_iter, 
                 key = (entry["name"], m, rho_key(r))
                 if key not in done:
                     if model is None:
-                        model = load_population_model(out, entry)
+                        model = load_population_model(out, entry, progress)
                         with warnings.catch_warnings():
                             warnings.simplefilter("ignore")
                             smap = build_symmetry_map(model)

@@ -31,6 +31,7 @@ from ...symmetry import symmetry_map as build_symmetry_map
 from .importing import load_imported_model
 from .manifest import population_files, read_json_object, read_manifest
 from .options import check_curvature_options, check_evaluation
+from .pack import check_packed_models, is_packed, rebuild_model
 from .tasks import get_task
 
 __all__ = ["measure_grid", "evaluation_grid", "sharpness_batches", "LINEARISED", "load_population_model", "evaluate_model", "evaluate_population", "read_results",
@@ -116,10 +117,14 @@ def check_bucketable(batches, length_buckets) -> None:
             padded_extent(inputs, targets)
 
 
-def load_population_model(out, entry: dict):
-    """Load one manifest entry: a trained model directory, or an imported model (``entry["loader"]``)."""
+def load_population_model(out, entry: dict, progress: bool = True):
+    """Load one manifest entry: a trained model directory (a packed one rebuilt first,
+    :func:`geosharp_ref.studies.population.pack.rebuild_model`, which says so on stderr where ``progress``), or an
+    imported model (``entry["loader"]``)."""
     if "loader" in entry:
         return load_imported_model(entry)
+    if is_packed(Path(out) / entry["dir"]):
+        rebuild_model(out, entry, progress)
     return load_model(Path(out) / entry["dir"])
 
 
@@ -276,6 +281,7 @@ def evaluate_population(out, rhos=DEFAULT_RHOS, measures=MEASURES, n_batches: in
     # everything is read and checked before anything is written: the batches, the results so far, the settings
     batches = sharpness_batches(manifest, n_batches, batch_size, out)
     check_bucketable(batches, length_buckets)
+    check_packed_models(out, manifest)
     read_results(out, tag)
     read_units(out, files, settings_digest(config))
     if world == 1:
@@ -369,7 +375,7 @@ def _evaluate_population(out, files, manifest, rank, world, grid, config, batche
     bar = tqdm(mine, desc=f"evaluate (rank {rank}/{world})" if world > 1 else "evaluate population",
                unit="model", disable=not progress, position=rank if world > 1 else None)
     for m in bar:
-        model = load_population_model(out, m).to(device)
+        model = load_population_model(out, m, progress).to(device)
         for inputs, _ in batches[:1]:  # an imported model and the data file must fit (token ids, lengths)
             check_inputs_fit(model, inputs, f"the sharpness examples of {out} for {m['name']}")
         t0 = time.perf_counter()

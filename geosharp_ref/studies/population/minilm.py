@@ -38,13 +38,13 @@ pilot alone, from training behaviour and cost, never from τ.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import random
 from pathlib import Path
 
 import torch
 
+from ...io.durable import file_digest
 from ...io.models import quiet_transformers
 from .task import PopulationTask, Split
 from .text import LABELS, MASK_RATE, mask_tokens, split_texts
@@ -102,14 +102,6 @@ def checkpoint_dir() -> Path:
 def resolve_checkpoint(source: str) -> Path:
     """The directory of a recorded checkpoint source (:data:`CHECKPOINT_PACKAGE` or a local path)."""
     return checkpoint_dir() if source == CHECKPOINT_PACKAGE else Path(source)
-
-
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class MiniLMBBCTask(PopulationTask):

@@ -72,7 +72,7 @@ def _predictions(out: Path, manifest: dict, split, batch_size: int, threads, pro
     from tqdm.auto import tqdm
 
     for m in tqdm(todo, desc="test predictions", unit="model", disable=not progress or not todo):
-        model = load_population_model(out, m).eval()
+        model = load_population_model(out, m, progress).eval()
         pred = logits_by_length(model, split.test, len(y), batch_size).argmax(-1)
         error = float((pred != y).float().mean())
         recorded = m["metrics"]["test_error"]

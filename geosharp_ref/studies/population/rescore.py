@@ -118,7 +118,7 @@ def rescore_population(out, reference=None, results=None, splits: int = 200, see
 
     for m in tqdm([m for m in manifest["models"] if m["name"] not in done], desc="extended test predictions",
                   unit="model", disable=not progress):
-        model = load_population_model(out, m).eval()
+        model = load_population_model(out, m, progress).eval()
         pred = torch.cat([lg.argmax(-1) for _, lg in batched_logits(model, inputs, len(y), batch_size)])
         err = float((pred[:n_orig] != y[:n_orig]).float().mean())
         if abs(err - m["metrics"]["test_error"]) * n_orig > 1.5:

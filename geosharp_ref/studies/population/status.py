@@ -6,7 +6,8 @@ timings only, and returns no value of any result, so it can be run at every sitt
 
 * **training**: models planned in the manifest, trained (a model directory exists: directories are written
   atomically), ``.tmp-*`` directories (a model in progress, or one left by a killed run), and the median
-  training time of a trained model (its record's ``seconds``: the wall time of the worker that trained it);
+  training time of a trained model (its record's ``seconds``: the wall time of the worker that trained it), and
+  how many trained models are packed (``geosharp population pack``: their weights are rebuilt when loaded);
 * **reliability**: models whose test predictions are written (``test_predictions.jsonl``), and whether
   ``reliability.json`` is written;
 * **calibration**: whether ``calibration.json`` is written, else the finished probe runs of a calibration in
@@ -29,6 +30,7 @@ from ...io.durable import read_jsonl
 from .calibration import CALIBRATION, CALIBRATION_UNITS
 from .evaluation import evaluation_grid, read_evaluation_settings, read_results, read_units, settings_digest
 from .manifest import MANIFEST, population_files, read_json_object
+from .pack import is_packed
 from .reliability import PREDICTIONS, RELIABILITY
 
 __all__ = ["population_status", "format_status"]
@@ -44,7 +46,7 @@ def _mean(xs):
 
 def _training(out: Path, manifest: dict) -> dict:
     models = manifest["models"]
-    trained, seconds = 0, []
+    trained, packed, seconds = 0, 0, []
     for m in models:
         if "loader" in m:  # an imported model: nothing to train
             trained += 1
@@ -52,6 +54,7 @@ def _training(out: Path, manifest: dict) -> dict:
         d = out / m.get("dir", f"models/{m['name']}")
         if d.is_dir():
             trained += 1
+            packed += is_packed(d)
             try:
                 sec = json.loads((d / "geosharp_model.json").read_text()).get("seconds")
             except (OSError, ValueError):
@@ -60,7 +63,8 @@ def _training(out: Path, manifest: dict) -> dict:
                 seconds.append(float(sec))
     tmp = len(list((out / "models").glob(".tmp-*"))) if (out / "models").is_dir() else 0
     med = _median(seconds)
-    return dict(planned=len(models), trained=trained, complete=bool(manifest.get("complete")), in_progress_dirs=tmp,
+    return dict(planned=len(models), trained=trained, packed=packed, complete=bool(manifest.get("complete")),
+                in_progress_dirs=tmp,
                 median_seconds_per_model=med,
                 remaining_worker_hours=None if med is None else (len(models) - trained) * med / 3600)
 
@@ -123,6 +127,7 @@ def format_status(status: dict) -> str:
     t = status["training"]
     med = t["median_seconds_per_model"]
     lines = [f"{status['out']} ({status['task']}): {t['trained']} of {t['planned']} models trained"
+             + (f" ({t['packed']} packed: rebuilt from their recipes when loaded)" if t["packed"] else "")
              + ("" if t["complete"] else ", training not finished")
              + (f"; {t['in_progress_dirs']} in progress or left by a killed run" if t["in_progress_dirs"] else "")
              + ("" if med is None else f"; median {med / 60:.1f} minutes per model (a worker's wall time)")

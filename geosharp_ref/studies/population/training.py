@@ -95,8 +95,10 @@ def lr_factor(step: int, warm: int, total: int, schedule: str = "constant") -> f
     return 1.0
 
 
-def train_one(hparams: dict, split: Split, task: PopulationTask | str = "vision", arch: dict | None = None):
-    """Train one model of ``task`` on ``split``; returns ``(model, metrics)``.
+def train_one(hparams: dict, split: Split, task: PopulationTask | str = "vision", arch: dict | None = None,
+              measure: bool = True):
+    """Train one model of ``task`` on ``split``; returns ``(model, metrics)`` (``metrics`` None where ``measure``
+    is false: the weights alone, as :func:`geosharp_ref.studies.population.pack.rebuild_model` needs them).
 
     AdamW (``lr``, ``weight_decay``), linear warm-up over the first ``warmup`` fraction of the steps
     (then constant, or a linear decay to 0 where the task's ``lr_schedule`` is ``linear``),
@@ -141,6 +143,8 @@ def train_one(hparams: dict, split: Split, task: PopulationTask | str = "vision"
             opt.step()
             sched.step()
     model.eval()
+    if not measure:
+        return model, None
     train_err, train_loss = error_and_loss(model, x_tr, y_tr)
     train_err_clean, _ = error_and_loss(model, x_tr, y_clean)
     test_err, test_loss = error_and_loss(model, split.test, split.y_test)

@@ -1,6 +1,7 @@
 """The population rows of the bad-input table in docs/reference/errors.md (the others:
 tests/geosharp_ref/cli/test_bad_input.py): an empty population, a corrupt manifest, two evaluations (or
 calibrations) of one directory at once, a damaged record of a killed calibration, the status of no population,
+a pack of no population or into a foreign directory, a pack whose checksums are damaged or do not rebuild,
 a full disk while results are written, and a hyper-parameter the population does not record. Each gives one
 line ``geosharp: error: …`` and exit code 2, and nothing already written is lost: a rerun completes the
 evaluation with exactly the uninterrupted run's results."""
@@ -140,6 +141,35 @@ def test_status_needs_a_population(trained, tmp_path, capsys):
     line = _error_line(capsys, ["population", "status", "--out", str(out), "--json"])
     assert "'models' must be a list of model entries with a 'name'" in line
     assert not (tmp_path / "none").exists()
+
+
+def test_pack_refusals_and_a_pack_that_does_not_rebuild(trained, tmp_path, capsys):
+    """``population pack`` of no population, into a foreign directory or into the population itself is refused
+    before anything is written; an evaluation of a pack whose SHA256SUMS is damaged is refused before it writes
+    anything, and one whose rebuilt weights differ from their sums installs nothing and records no result."""
+    line = _error_line(capsys, ["population", "pack", "--out", str(tmp_path / "none"), "--to", str(tmp_path / "p")])
+    assert "population.json does not exist; " in line and "is not a population directory" in line
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    line = _error_line(capsys, ["population", "pack", "--out", str(trained), "--to", str(foreign)])
+    assert "exists and is not a pack of this population" in line
+    line = _error_line(capsys, ["population", "pack", "--out", str(trained), "--to", str(trained / "pack")])
+    assert "contain one another" in line
+    assert not (tmp_path / "p").exists() and not (trained / "pack").exists()
+    assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
+    capsys.readouterr()
+    assert main(["population", "pack", "--out", str(trained), "--to", str(tmp_path / "p")]) == 0
+    assert "packed 4 models" in capsys.readouterr().out
+    sums = tmp_path / "p" / "models" / "model_000" / "SHA256SUMS"
+    good = sums.read_text()
+    sums.write_text("damaged\n")
+    assert "SHA256SUMS: line 1 is not" in _error_line(capsys, _evaluate_argv(tmp_path / "p"))
+    assert not (tmp_path / "p" / "evaluation.json").exists()
+    sums.write_text(good.replace(good[:64], ("0" if good[0] != "0" else "1") + good[1:64], 1))
+    assert "differs from its recorded SHA-256" in _error_line(capsys, _evaluate_argv(tmp_path / "p"))
+    assert not (tmp_path / "p" / "results.jsonl").exists()
+    assert sorted(p.name for p in sums.parent.iterdir()) == ["SHA256SUMS", "geosharp_model.json"]
 
 
 def test_correlate_names_only_recorded_hyperparameters(reference, tmp_path, capsys):

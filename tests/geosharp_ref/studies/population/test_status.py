@@ -31,6 +31,9 @@ def test_status_of_a_population_in_training(trained, tmp_path, capsys):
     seconds = _training_seconds(out, names[:-1])
     shutil.rmtree(out / "models" / names[-1])  # the last model not trained yet, and a killed run's directory
     (out / "models" / ".tmp-model_003-123").mkdir()
+    packed = out / "models" / names[1]  # a packed model (`population pack`): its sums, not its weights
+    (packed / "SHA256SUMS").write_text(f"{'0' * 64}  model.safetensors\n")
+    (packed / "model.safetensors").unlink()
     man = json.loads((out / "population.json").read_text())
     (out / "population.json").write_text(json.dumps(dict(man, complete=False)))
     before = _snapshot(out)
@@ -38,7 +41,7 @@ def test_status_of_a_population_in_training(trained, tmp_path, capsys):
     med = statistics.median(seconds)
     assert status == dict(
         out=str(out), task=man["plan"]["task"],
-        training=dict(planned=4, trained=3, complete=False, in_progress_dirs=1, median_seconds_per_model=med,
+        training=dict(planned=4, trained=3, packed=1, complete=False, in_progress_dirs=1, median_seconds_per_model=med,
                       remaining_worker_hours=med / 3600),
         reliability=dict(models_predicted=0, written=False),
         calibration=dict(written=False, probe_runs_finished=0, mean_seconds_per_run=None), evaluations={})
@@ -46,7 +49,8 @@ def test_status_of_a_population_in_training(trained, tmp_path, capsys):
     assert main(["population", "status", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert text.strip() == format_status(status)
-    assert "3 of 4 models trained, training not finished; 1 in progress" in text and "evaluations: none" in text
+    assert "3 of 4 models trained (1 packed: rebuilt from their recipes when loaded), training not finished; " \
+           "1 in progress" in text and "evaluations: none" in text
     assert main(["population", "status", "--out", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(status))
     assert _snapshot(out) == before  # nothing written

@@ -141,6 +141,32 @@ def test_training_is_seeded_resumable_and_bit_identical(tiny_checkpoint, tiny_co
     assert read_manifest(a)["complete"]
 
 
+def test_packed_tweets_model_is_rebuilt_with_its_tokenizer_bit_identical(tiny_checkpoint, tiny_corpus, tmp_path,
+                                                                          monkeypatch):
+    """The population's state survives a change of machine as a pack: the rebuilt model directory (weights, config
+    and the checkpoint's tokenizer files) equals the trained one file for file."""
+    import geosharp_ref.studies.population.pack as pack
+    import geosharp_ref.studies.population.training as training
+    from geosharp_ref.studies.population.evaluation import load_population_model
+
+    task = _tiny_task(tiny_checkpoint, tiny_corpus)
+    real = TweetsRecipesTask.sample_hparams
+    monkeypatch.setattr(TweetsRecipesTask, "sample_hparams",
+                        lambda self, i, seed=0, e=None, t=None: {**real(self, i, seed), "epochs": 1, "batch_size": 4})
+    for mod in (training, pack):
+        monkeypatch.setattr(mod, "get_task", lambda name: task if name == task.name else get_task(name))
+    man = train_population(tmp_path / "a", n_models=2, workers=1, progress=False, task=task)
+    pack.pack_population(tmp_path / "a", tmp_path / "pack")
+    shutil.copytree(tmp_path / "pack", tmp_path / "b")
+    trained = tmp_path / "a" / "models" / "model_001"
+    assert len([p for p in trained.iterdir() if p.is_file()]) > 3  # weights, config and tokenizer files
+    load_population_model(tmp_path / "b", man["models"][1])
+    rebuilt = tmp_path / "b" / "models" / "model_001"
+    for f in trained.iterdir():
+        assert (rebuilt / f.name).read_bytes() == f.read_bytes(), f.name
+    assert pack.is_packed(tmp_path / "b" / "models" / "model_000")  # only what was loaded is rebuilt
+
+
 def test_holm_and_pilot_judge(tmp_path):
     from geosharp_ref.studies.population.tweets_analysis import holm, judge_pilot
 

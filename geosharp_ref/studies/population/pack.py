@@ -1,0 +1,218 @@
+"""A population without its weights, and its weights rebuilt on demand (``geosharp population pack``).
+
+A fine-tuned MiniLM's weights are ≈ 90 MB, too much for a repository, while everything else a population
+directory holds (manifest, training records, test predictions, calibration, evaluation results and their resume
+units) is small. The weights need not be kept: training is deterministic (one thread, seeded by the recipe), so a
+model's weights are its recipe. A **pack** of a population has the population directory's layout with every
+trained model *packed*: its directory keeps ``geosharp_model.json`` and a ``SHA256SUMS`` file with the SHA-256 of
+every other file the trained directory held, but none of those files.
+
+A packed model is rebuilt the first time a command loads it (:func:`rebuild_model`, called by
+:func:`geosharp_ref.studies.population.evaluation.load_population_model`): it is trained again from its recorded
+recipe with one thread (without the train and test error passes, whose values its record already holds), and
+every rebuilt file must have its recorded SHA-256, else the command stops and nothing is installed. Two processes
+that need the same packed model rebuild it once (the second waits). So a population survives a change of machine
+through a commit of its pack, and ``cp -r PACK DIR`` continues it there.
+
+Layout of a pack (``geosharp population pack --out DIR --to PACK``)::
+
+    population.json and every other file and folder at the top of DIR (results, resume units, calibration, ...)
+    models/model_000/geosharp_model.json, models/model_000/SHA256SUMS, ...
+
+Left out: every other file of a model directory, names starting with "." (locks, temporary files) and a text
+task's tokenized-data cache (``tokenized.pt``, rebuilt from the corpus). Models of an imported population live
+outside it and are not packed. Packing only reads ``DIR``: it may run beside the training or an evaluation (a
+model directory appears whole; a result line being appended may be torn, and every reader repairs a torn last
+line).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+from ...io.durable import exclusive_lock, file_digest, fsync_dir, fsync_tree
+from ...io.models import quiet_transformers
+from .manifest import MANIFEST, read_json_object
+from .tasks import get_task
+from .text import TOKENIZED
+from .training import train_one
+
+__all__ = ["SUMS", "RECORD", "read_sums", "model_sums", "is_packed", "check_packed_models", "pack_population",
+           "rebuild_model"]
+
+SUMS = "SHA256SUMS"
+RECORD = "geosharp_model.json"
+_LINE = re.compile(r"^([0-9a-f]{64})  ([^/\\]+)$")
+
+
+def model_sums(model_dir) -> dict:
+    """``{file name: SHA-256}`` of every file of a model directory but its record and ``SHA256SUMS``."""
+    return {p.name: file_digest(p) for p in sorted(Path(model_dir).iterdir())
+            if p.is_file() and p.name not in (RECORD, SUMS)}
+
+
+def read_sums(model_dir) -> dict:
+    """The ``{file name: SHA-256}`` of a model directory's ``SHA256SUMS`` (lines ``<64 hex>  <name>``, as
+    ``sha256sum`` writes them); a damaged file is refused."""
+    path = Path(model_dir) / SUMS
+    sums = {}
+    for i, line in enumerate(path.read_text().splitlines(), start=1):
+        match = _LINE.match(line)
+        if not match or match.group(2) in (RECORD, SUMS):
+            raise ValueError(f"{path}: line {i} is not '<SHA-256 in 64 hex digits>  <file name>'; restore the file "
+                             f"from the pack it came from")
+        sums[match.group(2)] = match.group(1)
+    if not sums:
+        raise ValueError(f"{path} lists no file; restore it from the pack it came from")
+    return sums
+
+
+def is_packed(model_dir) -> bool:
+    """True when ``model_dir`` has a ``SHA256SUMS`` and lacks a file it lists (its weights are to be rebuilt)."""
+    model_dir = Path(model_dir)
+    return (model_dir / SUMS).is_file() and any(not (model_dir / n).is_file() for n in read_sums(model_dir))
+
+
+def check_packed_models(out, manifest: dict) -> int:
+    """Read the ``SHA256SUMS`` of every model directory of ``manifest`` that has one (a damaged one is refused,
+    before a command writes anything); returns how many models are packed (to be rebuilt when loaded)."""
+    return sum(is_packed(d) for _, d in _model_entries(Path(out), manifest))
+
+
+def _write_sums(path: Path, sums: dict) -> None:
+    path.write_text("".join(f"{h}  {n}\n" for n, h in sorted(sums.items())))
+
+
+def _model_entries(out: Path, manifest: dict) -> list:
+    """The manifest's trained models (a directory of their own inside ``out``), each checked to have its record."""
+    entries = []
+    for m in manifest["models"]:
+        if "loader" in m or not isinstance(m.get("dir"), str):
+            continue  # an imported model lives outside the population
+        d = out / m["dir"]
+        if not d.is_dir():
+            continue  # not trained yet
+        if not (d / RECORD).is_file():
+            raise ValueError(f"{d} has no {RECORD}; it is not a model directory that `geosharp population train` "
+                             f"wrote: delete it (the next `train` trains it again)")
+        if (d / SUMS).is_file():
+            read_sums(d)
+        entries.append((m["name"], d))
+    return entries
+
+
+def _check_target(out: Path, to: Path, plan) -> None:
+    src, dst = out.resolve(), to.resolve()
+    if dst == src or src in dst.parents or dst in src.parents:
+        raise ValueError(f"--to {str(to)!r} and the population {str(out)!r} contain one another; give a directory "
+                         f"outside the population")
+    if to.exists():
+        old = to / MANIFEST
+        try:
+            same = to.is_dir() and read_json_object(old, "population manifest", keys=("plan",))["plan"] == plan
+        except (OSError, ValueError):
+            same = False
+        if not same:
+            raise ValueError(f"--to {str(to)!r} exists and is not a pack of this population (no {MANIFEST} with the "
+                             f"same plan); give a new directory, or the pack this population was packed into before")
+
+
+def pack_population(out, to) -> dict:
+    """Write the pack of the population ``out`` into ``to`` (created, or an earlier pack of the same population
+    replaced whole); returns ``{"models": packed models, "hashed": weights hashed now, "files": files written,
+    "bytes": their size}``. Everything is checked before anything is written; ``out`` is only read."""
+    out, to = Path(out), Path(to)
+    manifest = read_json_object(out / MANIFEST, "population manifest", keys=("plan", "models"),
+                                missing=f"{out} is not a population directory: give the --out of "
+                                        f"`geosharp population train` or `import`")
+    if not isinstance(manifest["models"], list) or not all(isinstance(m, dict) for m in manifest["models"]):
+        raise ValueError(f"{out / MANIFEST} is not a valid population manifest (its 'models' is not a list of "
+                         f"objects); restore it, or train the population again")
+    _check_target(out, to, manifest["plan"])
+    entries = _model_entries(out, manifest)
+    tmp = to.parent / f".{to.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    hashed = 0
+    try:
+        tmp.mkdir(parents=True)
+        for p in sorted(out.iterdir()):
+            if p.name.startswith(".") or p.name in ("models", TOKENIZED):
+                continue
+            if p.is_dir():
+                shutil.copytree(p, tmp / p.name, ignore=shutil.ignore_patterns(".*"))
+            elif p.is_file():
+                shutil.copy2(p, tmp / p.name)
+        for name, d in entries:
+            dst = tmp / "models" / name
+            dst.mkdir(parents=True)
+            shutil.copy2(d / RECORD, dst / RECORD)
+            if (d / SUMS).is_file():  # packed, or rebuilt (and then checked against these sums)
+                shutil.copy2(d / SUMS, dst / SUMS)
+            else:
+                _write_sums(dst / SUMS, model_sums(d))
+                hashed += 1
+        fsync_tree(tmp)
+        files = [p for p in tmp.rglob("*") if p.is_file()]
+        summary = dict(models=len(entries), hashed=hashed, files=len(files), bytes=sum(p.stat().st_size for p in files))
+        old = to.parent / f".{to.name}.old-{os.getpid()}"
+        if to.exists():
+            os.replace(to, old)
+        os.replace(tmp, to)
+        fsync_dir(to.parent)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return summary
+
+
+def rebuild_model(out, entry: dict, progress: bool = True) -> bool:
+    """Rebuild the weights of a packed model (``entry``: its manifest entry) in place; returns False when there was
+    nothing to rebuild. The model is trained again from its record's recipe with one thread, each rebuilt file is
+    checked against ``SHA256SUMS`` (a mismatch is refused and nothing is installed), then moved in place. A
+    second process waits for the first one's rebuild. With ``progress``, one line on stderr says what is rebuilt."""
+    out = Path(out)
+    model_dir = out / entry["dir"]
+    with exclusive_lock(out / "models" / f".rebuild-{entry['name']}.lock", wait=True):
+        if not is_packed(model_dir):
+            return False  # rebuilt by another process meanwhile
+        sums = read_sums(model_dir)
+        plan = read_json_object(out / MANIFEST, "population manifest", keys=("plan",))["plan"]
+        record = read_json_object(model_dir / RECORD, "model's training record", keys=("hparams",),
+                                  fix="restore it from the pack it came from")
+        if progress:
+            print(f"rebuilding the packed {entry['name']} of {out} from its recipe (as long as its training took)",
+                  file=sys.stderr, flush=True)
+        task = get_task(plan["task"])
+        task.prepare(out, plan["data"])
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # as every population model was trained
+        try:
+            model, _ = train_one(record["hparams"], task.load_split(plan["data"], out), task, plan["arch"],
+                                 measure=False)
+        finally:
+            torch.set_num_threads(threads)
+        tmp = out / "models" / f".tmp-rebuild-{entry['name']}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            with quiet_transformers():
+                model.save_pretrained(tmp)
+            task.save_extras(tmp, out)
+            got = model_sums(tmp)
+            if got != sums:
+                differ = sorted(n for n in set(got) | set(sums) if got.get(n) != sums.get(n))
+                raise ValueError(f"{entry['name']}: the rebuilt model differs from its recorded SHA-256 in {differ}: "
+                                 f"this code or these library versions do not reproduce its training; rebuild it "
+                                 f"with the commit and environment that trained the population, or restore its "
+                                 f"original directory")
+            fsync_tree(tmp)
+            for n in sorted(sums, key=lambda n: (tmp / n).stat().st_size):  # the weights last
+                os.replace(tmp / n, model_dir / n)
+            fsync_dir(model_dir)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return True

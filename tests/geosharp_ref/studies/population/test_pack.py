@@ -1,0 +1,130 @@
+"""`geosharp population pack`: a population without its weights, rebuilt from its recipes and checked by SHA-256
+(the package's tiny vision population; the tweets task's rebuild is in test_tweets.py)."""
+import hashlib
+import json
+import shutil
+import threading
+
+import pytest
+import torch
+
+from geosharp_ref.studies import population as pop
+from geosharp_ref.studies.population import pack
+from tests import cases
+
+
+def _tree(root):
+    """{relative path: SHA-256} of every file under ``root`` (computed here with hashlib, independently)."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def packed(trained, tmp_path_factory):
+    """A pack of the trained population, with the population's files as they were before packing."""
+    before = _tree(trained)
+    to = tmp_path_factory.mktemp("pack") / "vit-pack"
+    summary = pack.pack_population(trained, to)
+    return to, before, summary
+
+
+def test_pack_keeps_records_and_sums_not_weights(trained, packed):
+    to, before, summary = packed
+    assert _tree(trained) == before  # the population is only read
+    man = json.loads((trained / "population.json").read_text())
+    names = [m["name"] for m in man["models"]]
+    assert summary["models"] == summary["hashed"] == len(names) == cases.POPULATION_MODELS
+    assert json.loads((to / "population.json").read_text()) == man
+    for name in names:
+        src, dst = trained / "models" / name, to / "models" / name
+        assert sorted(p.name for p in dst.iterdir()) == ["SHA256SUMS", "geosharp_model.json"]
+        assert (dst / "geosharp_model.json").read_bytes() == (src / "geosharp_model.json").read_bytes()
+        listed = dict(reversed(line.split("  ")) for line in (dst / "SHA256SUMS").read_text().splitlines())
+        files = {p.name for p in src.iterdir() if p.is_file()} - {"geosharp_model.json"}
+        assert "model.safetensors" in files and set(listed) == files
+        assert listed == {n: before[f"models/{name}/{n}"] for n in files}
+        assert pack.is_packed(dst) and not pack.is_packed(src)
+    assert summary["files"] == len(_tree(to)) and summary["bytes"] == sum(p.stat().st_size for p in to.rglob("*")
+                                                                          if p.is_file())
+
+
+def test_packed_model_is_rebuilt_bit_identical_once(trained, packed, tmp_path):
+    to, before, _ = packed
+    out = tmp_path / "vit"
+    shutil.copytree(to, out)  # `cp -r PACK DIR` on another machine
+    entry = json.loads((out / "population.json").read_text())["models"][1]
+    torch.set_num_threads(2)  # the loader's threads: the rebuild trains with one, as the training did
+    model = pop.load_population_model(out, entry)
+    assert torch.get_num_threads() == 2
+    rebuilt = {k: v for k, v in _tree(out).items() if k.startswith(f"models/{entry['name']}/")}
+    trained_files = {k: v for k, v in before.items() if k.startswith(f"models/{entry['name']}/")}
+    assert {k: v for k, v in rebuilt.items() if not k.endswith("SHA256SUMS")} == trained_files
+    original = pop.load_population_model(trained, entry)
+    for (k, a), b in zip(model.state_dict().items(), original.state_dict().values()):
+        assert torch.equal(a, b), k
+    assert not pack.rebuild_model(out, entry)  # nothing packed any more
+    assert not [p for p in (out / "models").iterdir() if p.name.startswith(".tmp")]
+    # a rebuilt model is packed again from its (checked) sums, without hashing
+    again = pack.pack_population(out, tmp_path / "again")
+    assert again["hashed"] == 0 and _tree(tmp_path / "again") == _tree(to)
+
+
+def test_rebuild_with_wrong_sums_is_refused_and_installs_nothing(packed, tmp_path):
+    to, _, _ = packed
+    out = tmp_path / "vit"
+    shutil.copytree(to, out)
+    entry = json.loads((out / "population.json").read_text())["models"][0]
+    sums = out / entry["dir"] / "SHA256SUMS"
+    lines = sums.read_text().splitlines()
+    i = next(i for i, line in enumerate(lines) if line.endswith("model.safetensors"))
+    lines[i] = ("0" if lines[i][0] != "0" else "1") + lines[i][1:]
+    sums.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"differs from its recorded SHA-256 in \['model.safetensors'\]"):
+        pop.load_population_model(out, entry)
+    assert sorted(p.name for p in (out / entry["dir"]).iterdir()) == ["SHA256SUMS", "geosharp_model.json"]
+    assert not [p for p in (out / "models").iterdir() if p.name.startswith(".tmp")]
+
+
+def test_two_loaders_rebuild_a_packed_model_once(packed, tmp_path, monkeypatch):
+    to, _, _ = packed
+    out = tmp_path / "vit"
+    shutil.copytree(to, out)
+    entry = json.loads((out / "population.json").read_text())["models"][2]
+    trainings, results = [], []
+    real = pack.train_one
+    monkeypatch.setattr(pack, "train_one", lambda *a, **k: trainings.append(1) or real(*a, **k))
+    threads = [threading.Thread(target=lambda: results.append(pack.rebuild_model(out, entry))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [False, True] and len(trainings) == 1
+    assert not pack.is_packed(out / entry["dir"])
+
+
+def test_repack_replaces_an_earlier_pack_and_refuses_others(trained, packed, tmp_path):
+    to, _, _ = packed
+    earlier = tmp_path / "earlier"
+    shutil.copytree(to, earlier)
+    (earlier / "stale.json").write_text("{}")
+    pack.pack_population(trained, earlier)
+    assert _tree(earlier) == _tree(to)  # replaced whole: the stale file is gone
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    for target, needle in ((foreign, "is not a pack of this population"), (trained / "sub", "contain one another"),
+                           (trained, "contain one another"), (trained.parent, "contain one another")):
+        with pytest.raises(ValueError, match=needle):
+            pack.pack_population(trained, target)
+    assert (foreign / "notes.txt").read_text() == "mine" and sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
+    assert not (trained / "sub").exists()
+
+
+def test_damaged_sums_are_refused_before_anything_is_written(packed, tmp_path):
+    to, _, _ = packed
+    out = tmp_path / "vit"
+    shutil.copytree(to, out)
+    (out / "models" / "model_000" / "SHA256SUMS").write_text("not a checksum line\n")
+    with pytest.raises(ValueError, match="line 1 is not"):
+        pack.pack_population(out, tmp_path / "p")
+    assert not (tmp_path / "p").exists()
