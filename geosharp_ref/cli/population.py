@@ -119,8 +119,9 @@ def run(args) -> int:
                         threads=args.threads)
     elif args.action == "pack":
         summary = pack_population(args.out, args.to)
+        size = f"{summary['bytes'] / 1e6:.1f} MB" if summary["bytes"] >= 1e6 else f"{summary['bytes'] / 1e3:.0f} kB"
         print(f"packed {summary['models']} models of {args.out} into {args.to} ({summary['files']} files, "
-              f"{summary['bytes'] / 1e6:.1f} MB; {summary['hashed']} models' weights hashed now); continue it "
+              f"{size}; {summary['hashed']} models' weights hashed now); continue it "
               f"elsewhere with `cp -r {args.to} DIR` (each packed model is rebuilt from its recipe when needed)")
     elif args.action == "status":
         status = population_status(args.out)
