@@ -12,25 +12,19 @@ time of the rebuilds, never a metric: the study stays blind.
 """
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 from geosharp_ref.io.durable import file_digest, write_json_atomic
 from geosharp_ref.studies.population.evaluation import load_population_model
 from geosharp_ref.studies.population.pack import pack_population
+from reproduce_first_models import blind_check_start  # beside this script
 
 
 def main(population: str, n: int, out: str) -> dict:
-    population = Path(population)
-    torch.set_num_threads(1)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).resolve().parent).stdout.strip()
-    res = dict(commit=commit, population=str(population), models={})
+    population, res = blind_check_start(population)
     with tempfile.TemporaryDirectory() as tmp:
         pack_population(population, Path(tmp) / "pack")
         copy = Path(tmp) / "copy"

@@ -34,12 +34,17 @@ def _record(path: Path) -> dict:
     return rec
 
 
-def main(population: str, n: int, out: str) -> dict:
-    population = Path(population)
+def blind_check_start(population: str) -> tuple:
+    """``(population path, result skeleton with this checkout's commit)``, one thread set: the start of a blind
+    check of a population (here, and in check_rebuild.py)."""
     torch.set_num_threads(1)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parent).stdout.strip()
-    res = dict(commit=commit, population=str(population), models={})
+    return Path(population), dict(commit=commit, population=str(population), models={})
+
+
+def main(population: str, n: int, out: str) -> dict:
+    population, res = blind_check_start(population)
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.process_time()
         train_population(tmp, n_models=n, workers=1, task="tweets-recipes", progress=False)
