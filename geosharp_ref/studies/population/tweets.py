@@ -34,8 +34,9 @@ from pathlib import Path
 
 import torch
 
+from ...io.durable import file_digest
 from ...io.models import quiet_transformers
-from .minilm import MiniLMBBCTask, file_digest, resolve_checkpoint
+from .minilm import MiniLMBBCTask, resolve_checkpoint
 from .task import Split
 from .text import split_indices
 
