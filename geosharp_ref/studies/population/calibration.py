@@ -43,6 +43,7 @@ from ...symmetry import symmetry_map as build_symmetry_map
 from .evaluation import (MEASURES, check_bucketable, load_population_model, rho_key, settings_digest,
                          sharpness_batches)
 from .manifest import read_json_object, read_manifest
+from .pack import check_packed_models
 from .options import check_calibration
 
 __all__ = ["calibrate_population", "read_calibration", "read_probe_units", "calibrated_grid", "radius_source",
@@ -131,6 +132,7 @@ def calibrate_population(out, sizes, measures=MEASURES, models: int = 3, batch_s
     if done is not None:
         return done
     read_probe_units(out, settings_digest(settings))  # a damaged units file is refused before anything is written
+    check_packed_models(out, manifest)  # and so is a packed model's damaged SHA256SUMS
     (batch,) = sharpness_batches(manifest, 1, batch_size, out)
     check_bucketable([batch], length_buckets)
     with exclusive_lock(out / ".calibrate.lock", busy=f"another `geosharp population calibrate` is running on {out}; "

@@ -35,6 +35,7 @@ from scipy.stats import kendalltau
 from ...io.durable import append_line, read_jsonl, write_json_atomic
 from .evaluation import load_population_model
 from .manifest import read_manifest
+from .pack import check_packed_models
 from .options import check_count, check_seed
 from .tasks import get_task
 from .training import logits_by_length
@@ -63,6 +64,7 @@ def predict_test_set(out, batch_size: int = 256, threads: int | None = 1, progre
 
 
 def _predictions(out: Path, manifest: dict, split, batch_size: int, threads, progress: bool) -> dict:
+    check_packed_models(out, manifest)  # a packed model's damaged SHA256SUMS is refused before anything is written
     y = split.y_test
     path = out / PREDICTIONS
     done = {r["model"]: r["predictions"] for r in _prediction_records(path, len(y))}

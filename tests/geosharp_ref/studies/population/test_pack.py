@@ -1,6 +1,7 @@
 """`geosharp population pack`: a population without its weights, rebuilt from its recipes and checked by SHA-256
 (the package's tiny vision population; the tweets task's rebuild is in test_tweets.py)."""
 import hashlib
+import io
 import json
 import shutil
 import threading
@@ -10,6 +11,8 @@ import torch
 
 from geosharp_ref.studies import population as pop
 from geosharp_ref.studies.population import pack
+from geosharp_ref.studies.population.calibration import calibrate_population
+from geosharp_ref.studies.population.reliability import gap_reliability
 from tests import cases
 
 
@@ -120,11 +123,25 @@ def test_repack_replaces_an_earlier_pack_and_refuses_others(trained, packed, tmp
     assert not (trained / "sub").exists()
 
 
-def test_damaged_sums_are_refused_before_anything_is_written(packed, tmp_path):
+#: every command that reads a population's models, as library calls (tiny settings)
+_READERS = {
+    "pack": lambda out, tmp: pack.pack_population(out, tmp / "p"),
+    "evaluate": lambda out, tmp: pop.evaluate_population(out, **cases.POPULATION_EVAL),
+    "calibrate": lambda out, tmp: calibrate_population(out, [1e-3], measures=["adaptive"], models=2, batch_size=8,
+                                                       n_iter=2, progress=False),
+    "reliability": lambda out, tmp: gap_reliability(out, splits=3, progress=False, stream=io.StringIO()),
+}
+
+
+@pytest.mark.parametrize("command", sorted(_READERS))
+def test_damaged_sums_are_refused_before_anything_is_written(packed, tmp_path, command):
+    """A damaged SHA256SUMS of a later model (model_001) stops each command before it writes or rebuilds."""
     to, _, _ = packed
     out = tmp_path / "vit"
     shutil.copytree(to, out)
-    (out / "models" / "model_000" / "SHA256SUMS").write_text("not a checksum line\n")
+    (out / "models" / "model_001" / "SHA256SUMS").write_text("not a checksum line\n")
+    before = _tree(out)
     with pytest.raises(ValueError, match="line 1 is not"):
-        pack.pack_population(out, tmp_path / "p")
-    assert not (tmp_path / "p").exists()
+        _READERS[command](out, tmp_path)
+    assert _tree(out) == before and sorted(p.name for p in tmp_path.iterdir()) == ["vit"]
+    assert not any(p.name.startswith(".") for p in out.iterdir())  # no lock file left either
