@@ -10,7 +10,11 @@ difference rounded away) or float32 noise (~1e-7), never the float64 round-off i
 :func:`keep_float64` is a context manager that, while it is active, turns every *down-cast of a float64
 tensor to float32* inside the forward into a no-op: ``Tensor.to(torch.float32)``, ``Tensor.float()``,
 ``Tensor.type(torch.float32)`` and the ``dtype=torch.float32`` of ``softmax`` / ``log_softmax`` return (or
-compute in) float64. Tensors of any other dtype are untouched, so a float32 model is unaffected. It patches
+compute in) float64. A cast of an *integer or bool* tensor to float32 gives float64 as well: transformers ≤ 5.17
+computes the rotary angles as ``inv_freq.float() @ position_ids.float()``, which would otherwise multiply the
+kept float64 frequencies by float32 positions (an error); integers up to 2⁵³ are exact in float64. Float tensors of
+any other dtype are untouched, so a float32 model is unaffected (:func:`~geosharp_ref.forward.call_model` enters
+the block only for a model whose parameters are float64). It patches
 ``torch.Tensor`` methods and ``torch.nn.functional`` for the duration of the block (process-wide, re-entrant,
 restored on exit), so use it around model forwards only. The exactness checks
 (:func:`geosharp_ref.symmetry.check.check_binding`) run inside it.
@@ -40,13 +44,19 @@ def _is_f32(dtype) -> bool:
     return dtype is torch.float32 or dtype == "torch.FloatTensor"
 
 
+def _kept(t) -> bool:
+    """Whether a cast of ``t`` to float32 gives float64 inside the block: float64 tensors, and integer and bool
+    ones (position ids, masks), whose float32 copies would otherwise meet float64 tensors in a product."""
+    return t.dtype is torch.float64 or not (t.is_floating_point() or t.is_complex())
+
+
 def _install():
     to, flt, typ = torch.Tensor.to, torch.Tensor.float, torch.Tensor.type
     softmax, log_softmax = F.softmax, F.log_softmax
     _saved.update(to=to, float=flt, type=typ, softmax=softmax, log_softmax=log_softmax)
 
     def to_(self, *args, **kwargs):
-        if self.dtype is torch.float64:
+        if _kept(self):
             dtype = kwargs.get("dtype", args[0] if args and isinstance(args[0], torch.dtype) else
                                args[1] if len(args) > 1 and isinstance(args[1], torch.dtype) else None)
             if dtype is torch.float32:
@@ -59,11 +69,13 @@ def _install():
     def float_(self, *args, **kwargs):
         if self.dtype is torch.float64:
             return self
+        if _kept(self):  # integer or bool: to float64, not float32
+            return to(self, torch.float64, *args, **kwargs)
         return flt(self, *args, **kwargs)
 
     def type_(self, dtype=None, *args, **kwargs):
-        if self.dtype is torch.float64 and dtype is not None and _is_f32(dtype):
-            return self
+        if _kept(self) and dtype is not None and _is_f32(dtype):
+            return self if self.dtype is torch.float64 else to(self, torch.float64, *args, **kwargs)
         return typ(self, dtype, *args, **kwargs) if dtype is not None else typ(self, *args, **kwargs)
 
     def _keep(fn):

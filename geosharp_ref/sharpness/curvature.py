@@ -327,9 +327,9 @@ def curvature_sharpness(model, batches, rho, *, quantity: str, geometry: str, pr
                       trace_method=trace_method if quantity == "trace" else "hutchinson")
         per.append(r.trace if quantity == "trace" else r.eigenvalues[0])
         errors.append(r.trace_stderr if quantity == "trace" else r.eigenvalue_errors[0])
-        with torch.no_grad():
-            p = {n: t.detach().to(dtype or t.dtype) for n, t in model.named_parameters()}
-            before.append(float(model_loss(model, p, b, loss_fn)) if dtype is None else float("nan"))
+        with torch.no_grad():  # the loss at θ, with the batch on the model's device
+            p, (moved,), _, _ = prepare_inputs(model, [b], None)
+            before.append(float(model_loss(model, p, moved, loss_fn)) if dtype is None else float("nan"))
     name = measure or f"hessian-{quantity}-{geometry}"
     return SharpnessResult(measure=name, rho=float(rho), mean=sum(per) / len(per), per_batch=per,
                            loss_before=before, loss_after=list(before), perturbation_norms=[],

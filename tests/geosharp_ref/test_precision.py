@@ -55,8 +55,12 @@ def test_keep_float64_is_scoped_and_leaves_other_dtypes_alone():
         assert x32.to(torch.float64).dtype is torch.float64 and x32.half().dtype is torch.float16
         assert F.softmax(x32, dim=-1, dtype=torch.float64).dtype is torch.float64
         assert x64.to(torch.float16).dtype is torch.float16  # only float32 targets are kept
+        ints, mask = torch.arange(3), torch.tensor([True, False])  # integer and bool casts give float64 too
+        assert ints.float().dtype is torch.float64 and ints.to(dtype=torch.float32).dtype is torch.float64
+        assert mask.to(torch.float32).dtype is torch.float64 and ints.type(torch.float32).dtype is torch.float64
+        assert ints.to(torch.float16).dtype is torch.float16 and ints.to(torch.int32).dtype is torch.int32
     assert torch.Tensor.to is to and torch.Tensor.float is flt and F.softmax is softmax
-    assert x64.to(torch.float32).dtype is torch.float32
+    assert x64.to(torch.float32).dtype is torch.float32 and torch.arange(3).float().dtype is torch.float32
     with keep_float64(enabled=False):
         assert x64.float().dtype is torch.float32
 
@@ -72,3 +76,37 @@ def test_call_model_runs_a_float64_model_in_float64():
     m32 = copy.deepcopy(model).float()
     with torch.no_grad():
         assert call_model(m32, cases.params_of(m32), kw).logits.dtype is torch.float32
+
+
+class _RotaryAsInTransformers517(torch.nn.Module):
+    """The rotary angles as transformers ≤ 5.17 computes them (LlamaRotaryEmbedding.forward): a matrix product of
+    the frequencies cast to float32 by the positions cast to float32."""
+
+    def __init__(self, dim=8):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, dim, 2).float() / dim))
+        self.proj = torch.nn.Linear(dim, 1)
+
+    def forward(self, x, position_ids):
+        inv = self.inv_freq[None, :, None].expand(position_ids.shape[0], -1, 1).to(dtype=torch.float, device=x.device)
+        freqs = (inv @ position_ids[:, None, :].float()).transpose(1, 2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return self.proj(x * emb.cos().to(x.dtype) + x * emb.sin().to(x.dtype))
+
+
+def test_float32_positions_meet_float64_frequencies_in_float64():
+    """Inside the block the kept float64 frequencies meet float64 positions (not float32 ones: an error), and the
+    angles are the float64 ones, computed here directly."""
+    torch.manual_seed(0)
+    m = _RotaryAsInTransformers517().double()
+    x, pos = torch.randn(2, 5, 8, dtype=torch.float64), torch.arange(5).expand(2, 5)
+    params = dict(m.named_parameters(), **dict(m.named_buffers()))
+    out = call_model(m, params, dict(x=x, position_ids=pos))
+    angles = pos[..., None].double() * m.inv_freq.double()
+    emb = torch.cat((angles, angles), dim=-1)
+    ref = m.proj(x * emb.cos() + x * emb.sin())
+    assert out.dtype is torch.float64
+    assert torch.allclose(out, ref, rtol=1e-13, atol=1e-13)
+    with torch.no_grad():
+        out32 = m(x, pos)  # outside the block: float32 angles, ≈ 1e-7 away
+    assert float((out32 - ref).abs().max()) > 1e-10
