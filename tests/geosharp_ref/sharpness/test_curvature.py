@@ -242,3 +242,18 @@ def test_named_measures_and_curvature_end_to_end():
         curvature(MODEL, [BATCH], "mix", k=1, probes=2, trace_method="hutch++")
     with pytest.raises(ValueError, match="unknown trace method"):
         curvature(MODEL, [BATCH], "mix", probes=4, trace_method="hutch")
+
+
+
+@pytest.mark.parametrize("name", ["hessian-trace-euclidean", "hessian-top-eigenvalue-euclidean"])
+def test_curvature_measures_prepare_the_batch_as_every_measure_does(name):
+    """Float32 inputs for a float64 perceptron (which casts nothing itself): the batch is cast (and, on a GPU,
+    moved) to the model before the loss at θ is taken, as the Auto-PGD measures do; that loss equals the one of
+    the float64 batch, computed directly."""
+    model = cases.mlp64(nn.Tanh)
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(6, 5, generator=gen), torch.randint(0, 3, (6,), generator=gen)
+    got = get_measure(name).evaluate(model, [(x, y)], 0.1, probes=2, steps=3)
+    with torch.no_grad():
+        ref = float(nn.functional.cross_entropy(model(x.double()), y))
+    assert got.loss_before == pytest.approx([ref], rel=1e-12)
