@@ -128,7 +128,9 @@ class ProductSpace:
         if adaptive_masks is None:
             adaptive_masks = {n: None for n in params if n not in covered}
         self.adaptive_names = [n for n in adaptive_masks if n not in exclude and params[n].is_floating_point()]
-        self.masks = [adaptive_masks[n] for n in self.adaptive_names]
+        # the masks are built from shapes, on the CPU: each goes where its parameter lives
+        self.masks = [None if adaptive_masks[n] is None else adaptive_masks[n].to(params[n].device)
+                      for n in self.adaptive_names]
 
     # -- the adaptive weights, computed from θ when used (not stored: each list is parameter-sized) ------
     def _each_scale2(self):

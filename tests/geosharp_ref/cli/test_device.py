@@ -11,6 +11,7 @@ from geosharp_ref.cli.common import resolve_device
 from geosharp_ref.cli.parser import build_parser
 from geosharp_ref.forward import batch_to_device, call_model, model_device
 from geosharp_ref.io.data import random_batch
+from geosharp_ref.sharpness import ProductSpace
 from tests import cases
 
 
@@ -94,3 +95,15 @@ def test_tensors_follow_the_model_device():
     assert moved[0]["input_ids"].device.type == "meta" and moved[1].device.type == "meta"
     out = call_model(model, dict(model.named_parameters()), moved[0])
     assert out.logits.device.type == "meta"
+
+
+def test_adaptive_masks_follow_their_parameters():
+    """A symmetry that binds part of a fused parameter (Phi-3's qkv_proj, gate_up_proj) leaves a mask of the rest,
+    built from shapes on the CPU; the space moves it to the parameter's device (the meta device here: a mask left
+    on the CPU would not combine with it), so the masked adaptive step lives there too."""
+    params = {"w": torch.empty(4, 3, device="meta"), "b": torch.empty(3, device="meta")}
+    mask = torch.tensor([[True, False, True]] * 4)
+    space = ProductSpace(params, (), {"w": mask, "b": None})
+    assert [None if m is None else m.device.type for m in space.masks] == ["meta", None]
+    moved = space._perturb_rest(params, [torch.empty(4, 3, device="meta"), torch.empty(3, device="meta")])
+    assert moved["w"].device.type == "meta" and moved["b"].device.type == "meta"
