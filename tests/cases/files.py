@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from .models import ROOT, hf_transformers
+from .models import ROOT, hf_transformers, llama
 
 
 # ---------------------------------------------------------------------------------------------
@@ -101,6 +101,16 @@ def save_bert_backbone(path, vocab_size=50, max_position_embeddings=32, tokenize
     if tokenizer_from is not None:
         tf.AutoTokenizer.from_pretrained(str(tokenizer_from), local_files_only=True).save_pretrained(path)
     return Path(path)
+
+
+def save_llama_and_lm_data(d: Path):
+    """A tiny Llama saved to ``d / "llama"`` (seed 0) and ``d / "d.pt"``: 4 rows of 5 token ids with next-token
+    targets (-100 at the end) — what the command-line tests evaluate."""
+    torch.manual_seed(0)
+    llama().save_pretrained(d / "llama")
+    ids = torch.randint(3, 50, (4, 5), generator=torch.Generator().manual_seed(0))
+    torch.save({"inputs": {"input_ids": ids}, "targets": torch.cat([ids[:, 1:], torch.full((4, 1), -100)], 1)},
+               d / "d.pt")
 
 
 def quiet_transformers():

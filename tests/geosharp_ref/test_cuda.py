@@ -117,11 +117,7 @@ def test_float32_on_the_device_is_within_float32_round_off(name):
 
 
 def test_the_command_line_gives_the_cpu_value_on_the_device(tmp_path, capsys):
-    torch.manual_seed(0)
-    cases.llama().save_pretrained(tmp_path / "llama")
-    ids = torch.randint(3, 50, (4, 5), generator=torch.Generator().manual_seed(0))
-    torch.save({"inputs": {"input_ids": ids}, "targets": torch.cat([ids[:, 1:], torch.full((4, 1), -100)], 1)},
-               tmp_path / "d.pt")
+    cases.save_llama_and_lm_data(tmp_path)
     values = {}
     for device in ("cpu", "cuda"):
         out = tmp_path / f"{device}.json"

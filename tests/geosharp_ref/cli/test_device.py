@@ -71,11 +71,7 @@ def test_refusal_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
 
 
 def test_evaluate_on_cpu_says_so(tmp_path, capsys):
-    torch.manual_seed(0)
-    cases.llama().save_pretrained(tmp_path / "llama")
-    ids = torch.randint(3, 50, (4, 5), generator=torch.Generator().manual_seed(0))
-    torch.save({"inputs": {"input_ids": ids}, "targets": torch.cat([ids[:, 1:], torch.full((4, 1), -100)], 1)},
-               tmp_path / "d.pt")
+    cases.save_llama_and_lm_data(tmp_path)
     rc = main(["evaluate", str(tmp_path / "llama"), "--data", str(tmp_path / "d.pt"), "--rho", "0.05", "--metric",
                "mix", "--batch-size", "4", "--iters", "1", "--device", "cpu"])
     printed, err = capsys.readouterr()
