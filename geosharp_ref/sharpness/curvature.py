@@ -39,6 +39,7 @@ import torch
 from ..forward import default_loss, model_loss
 from .hessian import EuclideanHessian, QuotientHessian
 from ..symmetry import Quotient, symmetry_map as build_symmetry_map
+from ..symmetry.check import check_attention_pairs
 from .pipeline import bucket_batches, build_space, check_length_buckets, prepare_inputs
 from .result import SharpnessResult
 
@@ -264,6 +265,7 @@ def hessian_operator(model, batches, geometry: str = "mix", *, symmetries=None, 
             quotient = Quotient.assemble(params, None, None)
         else:
             smap = build_symmetry_map(model) if smap is None else smap
+            check_attention_pairs(model, smap, batches[0])  # detected from the structure: measured first
             quotient = Quotient.assemble(params, smap, metric) if symmetries is None else \
                 Quotient.resolve(model, batches[0], metric=metric, symmetries=symmetries, smap=smap)
     space = build_space(params, quotient=quotient, eps=eps, exclude=tuple(exclude))

@@ -32,6 +32,7 @@ from ..apgd import apgd
 from ..forward import check_finite_batch, check_length_buckets, default_loss, length_buckets, model_loss, to_device
 from ..kernels import check_metric
 from ..symmetry import NoAttentionPairsWarning, Quotient, symmetry_map
+from ..symmetry.check import check_attention_pairs
 from ..symmetry.quotient import bound_binding
 from .exact_geodesic import check_geodesic, second_order_params
 from .factors import Factor
@@ -283,6 +284,7 @@ def evaluation_quotient(model, batch, options: EvaluationOptions, smap, symmetri
             smap = symmetry_map(model)
     if not smap.groups and not symmetries:
         warnings.warn(NO_PAIRS_MESSAGE, NoAttentionPairsWarning, stacklevel=4)
+    check_attention_pairs(model, smap, batch)  # detected from the structure: measured before they are quotiented
     if symmetries is None:
         return Quotient.assemble(dict(model.named_parameters()), smap, options.metric)
     return Quotient.resolve(model, batch, metric=options.metric, symmetries=symmetries, smap=smap)

@@ -17,7 +17,8 @@ from ..forward import batch_to_device, call_model, float64_inputs, model_device
 from ..kernels import load_kernels
 
 __all__ = ["check_binding", "check_symmetry", "shared_float64_reference", "float64_parameters",
-           "check_symmetries_together", "rank_refusal", "log_probabilities", "CHECK_SCALES", "CHECK_TOL"]
+           "check_symmetries_together", "check_attention_pairs", "output_tensors", "rank_refusal",
+           "log_probabilities", "CHECK_SCALES", "CHECK_TOL"]
 
 #: the scales a of the group elements a·Ã every binding is checked with
 CHECK_SCALES = (1e-2, 1e2)
@@ -194,3 +195,49 @@ def check_symmetry(model, binding, batch, seed: int = 0, params64=None) -> float
     if hasattr(binding, "checked"):
         binding.checked = True
     return worst
+
+
+def output_tensors(out):
+    """What :func:`check_attention_pairs` compares: :func:`log_probabilities` where the output has logits (or is a
+    tensor, a tuple, or a backbone's ``last_hidden_state``), else every top-level tensor of the model output,
+    flattened into one (CLIP's ``logits_per_image``, ``logits_per_text``, embeddings, …)."""
+    if torch.is_tensor(out) or isinstance(out, (tuple, list)) or getattr(out, "logits", None) is not None \
+            or getattr(out, "last_hidden_state", None) is not None or not hasattr(out, "values"):
+        return log_probabilities(out)
+    return torch.cat([v.flatten() for v in out.values() if torch.is_tensor(v) and v.is_floating_point()])
+
+
+#: model → (fingerprint of its parameters, the symmetry map whose pairs were measured exact on it)
+_PAIRS_CHECKED = weakref.WeakKeyDictionary()
+
+
+def check_attention_pairs(model, smap, batch, seed: int = 0) -> None:
+    """Measure that the attention pairs of ``smap`` — read off the model's structure by
+    :func:`~geosharp_ref.symmetry.symmetry_map`, not measured — are a symmetry of the model's forward on ``batch``:
+    all pairs at once (their random elements at :data:`CHECK_SCALES`, as :func:`check_symmetries_together` draws
+    them; float64; :func:`output_tensors`; tolerance :data:`CHECK_TOL`), in eval mode, once per model and map
+    while the model's parameters are unchanged.
+    A model whose attention the detector misreads (a transformers release that computes it otherwise, a custom
+    attention) is refused here with ValueError rather than quotiented by a group that is no symmetry of it."""
+    if smap is None or not smap.groups:
+        return
+    fingerprint = _fingerprint(model)
+    done = _PAIRS_CHECKED.get(model)
+    if done is not None and done[0] == fingerprint and done[1] is smap:
+        return
+    was_training = model.training
+    model.eval()
+    try:
+        with shared_float64_reference():
+            params64 = float64_parameters(model)
+            elements = [[g.random_element(params64, scale=a, seed=seed + i) for g in smap.groups]
+                        for i, a in enumerate(CHECK_SCALES)]
+            check_binding(model, _Together(smap.groups), batch, output_tensors, elements, tol=CHECK_TOL)
+    except ValueError as e:
+        raise ValueError(f"the attention pairs read off this {type(model).__name__} are not a symmetry of its forward "
+                         f"({str(e).split(': ', 1)[-1]}): its attention is computed in a way the detector does not "
+                         f"read (transformers older than 5.17, or a custom attention); `geosharp verify MODEL_DIR` "
+                         f"names the pair, or measure adaptive sharpness (--metric adaptive)") from None
+    finally:
+        model.train(was_training)
+    _PAIRS_CHECKED[model] = (fingerprint, smap)

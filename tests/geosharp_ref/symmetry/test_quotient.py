@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from geosharp_ref.kernels import load_kernels
-from geosharp_ref.sharpness import adaptive_sharpness, geodesic_sharpness
+from geosharp_ref.sharpness import adaptive_sharpness, geodesic_sharpness, get_measure
 from geosharp_ref.symmetry import (HeadTranslationBinding, NormScalingBinding, Quotient, ReLUUnitsBinding,
                                    declared_bindings, find_symmetries, lora_bindings, symmetry_map)
 from geosharp_ref.verification.orbits import model_with_params
@@ -275,3 +275,19 @@ def test_a_factor_stands_for_its_binding():
     b = ReLUUnitsBinding("0.weight", "2.weight", in_bias="0.bias")
     q = Quotient.resolve(model, None, metric=None, symmetries=[Factor(b.kernels, b)])
     assert q.bound == {n: b.key for n in b.param_names} and q.adaptive_masks == {"2.bias": None}
+
+
+def test_attention_pairs_that_are_no_symmetry_are_refused_before_they_are_quotiented():
+    """The pairs are read off the model's structure; a forward that breaks them (here a tanh on one query
+    projection's output, which the detector cannot see) is measured and refused by every quotient measure, with
+    the change it made, while adaptive sharpness, which quotients nothing, is still evaluated."""
+    torch.manual_seed(0)
+    model = cases.bert(initializer_range=cases.IR).double().eval()
+    batch = _batch()
+    geodesic_sharpness(model, [batch], 0.05, metric="mix", n_iter=1)  # exact pairs: measured and accepted
+    model.bert.encoder.layer[0].attention.self.query.register_forward_hook(lambda m, i, o: torch.tanh(o))
+    for name, options in (("geodesic-mix", dict(n_iter=1)), ("geodesic-inv-linearised", {}),
+                          ("average-geodesic-mix", dict(n_samples=2)), ("hessian-trace-inv", dict(probes=1))):
+        with pytest.raises(ValueError, match=r"not a symmetry of its forward \(acting on it changed the output by "):
+            get_measure(name).evaluate(model, [batch], 0.05, **options)
+    assert adaptive_sharpness(model, [batch], 0.05, n_iter=1).mean >= 0
