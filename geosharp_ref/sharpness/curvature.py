@@ -321,7 +321,8 @@ def curvature_sharpness(model, batches, rho, *, quantity: str, geometry: str, pr
     t0 = time.perf_counter()
     batches = list(batches)
     per, errors, before = [], [], []
-    for i, b in enumerate(batches):
+    params, prepared, _, _ = prepare_inputs(model, batches, None)  # for the loss at θ: cast and moved to the model
+    for i, (b, moved) in enumerate(zip(batches, prepared)):
         r = curvature(model, [b], geometry, k=1 if quantity != "trace" else 0,
                       probes=probes if quantity == "trace" else 0, steps=steps, seed=seed + i,
                       symmetries=symmetries, smap=symmetry_map, loss_fn=loss_fn, eps=eps, dtype=dtype,
@@ -329,9 +330,8 @@ def curvature_sharpness(model, batches, rho, *, quantity: str, geometry: str, pr
                       trace_method=trace_method if quantity == "trace" else "hutchinson")
         per.append(r.trace if quantity == "trace" else r.eigenvalues[0])
         errors.append(r.trace_stderr if quantity == "trace" else r.eigenvalue_errors[0])
-        with torch.no_grad():  # the loss at θ, with the batch on the model's device
-            p, (moved,), _, _ = prepare_inputs(model, [b], None)
-            before.append(float(model_loss(model, p, moved, loss_fn)) if dtype is None else float("nan"))
+        with torch.no_grad():
+            before.append(float(model_loss(model, params, moved, loss_fn)) if dtype is None else float("nan"))
     name = measure or f"hessian-{quantity}-{geometry}"
     return SharpnessResult(measure=name, rho=float(rho), mean=sum(per) / len(per), per_batch=per,
                            loss_before=before, loss_after=list(before), perturbation_norms=[],

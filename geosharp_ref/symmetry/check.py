@@ -130,18 +130,20 @@ class _Together:
         return params
 
 
-def check_symmetries_together(model, bindings, batch, seed: int = 0, params64=None) -> float:
+def check_symmetries_together(model, bindings, batch, seed: int = 0, params64=None,
+                              output=log_probabilities) -> float:
     """:func:`check_symmetry` of several bindings on disjoint parameters at once: each binding's own random
     elements (the same ones :func:`check_symmetry` draws) applied together, one forward per scale of
-    :data:`CHECK_SCALES` instead of one per binding and scale. Returns the largest relative change of the
-    log-probabilities; ValueError above :data:`CHECK_TOL` (then check them one by one to name the culprit;
-    generic random elements of different bindings do not cancel each other's changes)."""
+    :data:`CHECK_SCALES` instead of one per binding and scale. Returns the largest relative change of
+    ``output(model output)`` (default the log-probabilities); ValueError above :data:`CHECK_TOL` (then check them
+    one by one to name the culprit; generic random elements of different bindings do not cancel each other's
+    changes)."""
     with shared_float64_reference():
         if params64 is None:
             params64 = float64_parameters(model)
         elements = [[b.random_element(params64, scale=a, seed=seed + i) for b in bindings]
                     for i, a in enumerate(CHECK_SCALES)]
-        worst = check_binding(model, _Together(bindings), batch, log_probabilities, elements, tol=CHECK_TOL)
+        worst = check_binding(model, _Together(bindings), batch, output, elements, tol=CHECK_TOL)
     for b in bindings:
         if hasattr(b, "checked"):
             b.checked = True
@@ -200,7 +202,8 @@ def check_symmetry(model, binding, batch, seed: int = 0, params64=None) -> float
 def output_tensors(out):
     """What :func:`check_attention_pairs` compares: :func:`log_probabilities` where the output has logits (or is a
     tensor, a tuple, or a backbone's ``last_hidden_state``), else every top-level tensor of the model output,
-    flattened into one (CLIP's ``logits_per_image``, ``logits_per_text``, embeddings, …)."""
+    flattened into one (CLIP's ``logits_per_image``, ``logits_per_text``, embeddings, …). Kept apart from
+    :func:`log_probabilities`, whose other readers (the head-translation detection) need a logit width."""
     if torch.is_tensor(out) or isinstance(out, (tuple, list)) or getattr(out, "logits", None) is not None \
             or getattr(out, "last_hidden_state", None) is not None or not hasattr(out, "values"):
         return log_probabilities(out)
@@ -214,8 +217,8 @@ _PAIRS_CHECKED = weakref.WeakKeyDictionary()
 def check_attention_pairs(model, smap, batch, seed: int = 0) -> None:
     """Measure that the attention pairs of ``smap`` — read off the model's structure by
     :func:`~geosharp_ref.symmetry.symmetry_map`, not measured — are a symmetry of the model's forward on ``batch``:
-    all pairs at once (their random elements at :data:`CHECK_SCALES`, as :func:`check_symmetries_together` draws
-    them; float64; :func:`output_tensors`; tolerance :data:`CHECK_TOL`), in eval mode, once per model and map
+    all pairs at once (:func:`check_symmetries_together` on :func:`output_tensors`: random elements at
+    :data:`CHECK_SCALES`, float64, tolerance :data:`CHECK_TOL`), in eval mode, once per model and map
     while the model's parameters are unchanged.
     A model whose attention the detector misreads (a transformers release that computes it otherwise, a custom
     attention) is refused here with ValueError rather than quotiented by a group that is no symmetry of it."""
@@ -228,11 +231,7 @@ def check_attention_pairs(model, smap, batch, seed: int = 0) -> None:
     was_training = model.training
     model.eval()
     try:
-        with shared_float64_reference():
-            params64 = float64_parameters(model)
-            elements = [[g.random_element(params64, scale=a, seed=seed + i) for g in smap.groups]
-                        for i, a in enumerate(CHECK_SCALES)]
-            check_binding(model, _Together(smap.groups), batch, output_tensors, elements, tol=CHECK_TOL)
+        check_symmetries_together(model, smap.groups, batch, seed, output=output_tensors)
     except ValueError as e:
         raise ValueError(f"the attention pairs read off this {type(model).__name__} are not a symmetry of its forward "
                          f"({str(e).split(': ', 1)[-1]}): its attention is computed in a way the detector does not "

@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from transformers.models.bert import modeling_bert
 
 from geosharp_ref.cli import main
 from tests import cases
@@ -170,3 +171,23 @@ def test_model_directory_with_missing_weights(saved, tmp_path, capsys):
     cases.save_bin(model, tmp_path / "m", state)
     line = _run(capsys, _evaluate(tmp_path, saved / "bert.pt", model="m"))
     assert "does not cover BertForSequenceClassification; missing 2 weights" in line
+
+
+def test_attention_pairs_that_are_no_symmetry(saved, tmp_path, capsys, monkeypatch):
+    """A forward the detector cannot see (a tanh on every query projection's output, put on by the attention
+    module itself): the pairs read off the structure are measured, refused with the change, nothing written."""
+    forward = modeling_bert.BertSelfAttention.forward
+
+    def tanh_queries(self, *args, **kwargs):
+        if not getattr(self.query, "_tanh", False):
+            self.query.register_forward_hook(lambda m, i, o: torch.tanh(o))
+            self.query._tanh = True
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(modeling_bert.BertSelfAttention, "forward", tanh_queries)
+    data = _data(tmp_path, "d.pt", {"input_ids": _ids()}, torch.tensor([0, 1, 2, 1]))
+    out = tmp_path / "r.json"
+    line = _run(capsys, _evaluate(saved, data, "--json", out), out)
+    assert "are not a symmetry of its forward (acting on it changed the output by" in line
+    assert "--metric adaptive" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.pt"]
