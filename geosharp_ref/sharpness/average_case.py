@@ -164,7 +164,7 @@ def average_case_sharpness(model, batches, rho, *, metric=None, n_samples: int =
     params, batches, _, dtype = prepare_inputs(model, batches, options.dtype)
     if dtype != next(model.parameters()).dtype:
         model = copy.deepcopy(model).to(dtype)
-    quotient = evaluation_quotient(model, batches[0], options, symmetry_map, symmetries)
+    quotient = evaluation_quotient(model, batches[0], options.metric, symmetry_map, symmetries)
     space = build_space(params, quotient=quotient, eps=eps, **options.space_options)
     gen = torch.Generator().manual_seed(seed)
     per, se, before, after, norms, sizes = [], [], [], [], [], []

@@ -30,7 +30,6 @@ from __future__ import annotations
 import copy
 import math
 import time
-import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
@@ -38,9 +37,7 @@ import torch
 
 from ..forward import default_loss, model_loss
 from .hessian import EuclideanHessian, QuotientHessian
-from ..symmetry import Quotient, symmetry_map as build_symmetry_map
-from ..symmetry.check import check_attention_pairs
-from .pipeline import bucket_batches, build_space, check_length_buckets, prepare_inputs
+from .pipeline import bucket_batches, build_space, check_length_buckets, evaluation_quotient, prepare_inputs
 from .result import SharpnessResult
 
 __all__ = ["TraceEstimate", "Eigenvalues", "CurvatureResult", "hutchinson_trace", "hutchpp_trace", "top_eigenvalues",
@@ -259,15 +256,7 @@ def hessian_operator(model, batches, geometry: str = "mix", *, symmetries=None, 
         model = copy.deepcopy(model).to(dtype)
     model.eval()
     metric = None if geometry == "euclidean" else geometry
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a model without attention pairs: the quotient is the adaptive space
-        if metric is None:
-            quotient = Quotient.assemble(params, None, None)
-        else:
-            smap = build_symmetry_map(model) if smap is None else smap
-            check_attention_pairs(model, smap, batches[0])  # detected from the structure: measured first
-            quotient = Quotient.assemble(params, smap, metric) if symmetries is None else \
-                Quotient.resolve(model, batches[0], metric=metric, symmetries=symmetries, smap=smap)
+    quotient = evaluation_quotient(model, batches[0], metric, smap, symmetries, warn=False)
     space = build_space(params, quotient=quotient, eps=eps, exclude=tuple(exclude))
     losses = _losses(model, bucket_batches(model, params, batches, length_buckets, loss_fn), loss_fn)
     if metric is None:

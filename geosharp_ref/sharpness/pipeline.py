@@ -271,23 +271,27 @@ def gradient_dual_norm(model, space: ProductSpace, batch, loss_fn=default_loss) 
     return float(space.norm(space.ascent_direction(xi, grad)))
 
 
-def evaluation_quotient(model, batch, options: EvaluationOptions, smap, symmetries):
-    """The :class:`Quotient` of an evaluation: none for adaptive measures; the attention pairs of ``smap`` (or
-    of the model, with :class:`NoAttentionPairsWarning` where it has none and no further symmetry is given)
-    and ``symmetries``."""
-    if options.metric is None:
+def evaluation_quotient(model, batch, metric, smap, symmetries, *, warn: bool = True):
+    """The :class:`Quotient` of ``model`` under ``metric`` (inv/mix; None: none, the adaptive space): the
+    attention pairs of ``smap`` (default: detected from the structure) and ``symmetries`` (None: the pairs alone).
+    Detected pairs are measured on ``batch`` before they are quotiented
+    (:func:`~geosharp_ref.symmetry.check.check_attention_pairs`). ``warn``: a :class:`NoAttentionPairsWarning`
+    where the model has no pairs and no further symmetry is given (the sharpness measures warn; the curvature
+    operator, whose quotient is then the adaptive space, passes False)."""
+    if metric is None:
         return Quotient.assemble(dict(model.named_parameters()), None, None)
+    quiet = bool(symmetries) or not warn  # no attention pairs is fine when other symmetries are quotiented
     if smap is None:
         with warnings.catch_warnings():
-            if symmetries:  # no attention pairs is fine when other symmetries are quotiented
+            if quiet:
                 warnings.filterwarnings("ignore", category=NoAttentionPairsWarning)
             smap = symmetry_map(model)
-    if not smap.groups and not symmetries:
+    if not smap.groups and not quiet:
         warnings.warn(NO_PAIRS_MESSAGE, NoAttentionPairsWarning, stacklevel=4)
     check_attention_pairs(model, smap, batch)  # detected from the structure: measured before they are quotiented
     if symmetries is None:
-        return Quotient.assemble(dict(model.named_parameters()), smap, options.metric)
-    return Quotient.resolve(model, batch, metric=options.metric, symmetries=symmetries, smap=smap)
+        return Quotient.assemble(dict(model.named_parameters()), smap, metric)
+    return Quotient.resolve(model, batch, metric=metric, symmetries=symmetries, smap=smap)
 
 
 def evaluate(model, batches, rho, options: EvaluationOptions = EvaluationOptions(), *, smap=None, symmetries=None,
@@ -301,7 +305,7 @@ def evaluate(model, batches, rho, options: EvaluationOptions = EvaluationOptions
     params, batches, _, dtype = prepare_inputs(model, batches, options.dtype)
     if dtype != next(model.parameters()).dtype:
         model = copy.deepcopy(model).to(dtype)
-    quotient = evaluation_quotient(model, batches[0], options, smap, symmetries)
+    quotient = evaluation_quotient(model, batches[0], options.metric, smap, symmetries)
     space = build_space(params, quotient=quotient, fast=options.fast, eps=options.eps, **options.space_options)
     name = measure or options.measure_name
     was_training = model.training
