@@ -78,10 +78,10 @@ def is_packed(model_dir) -> bool:
     return (model_dir / SUMS).is_file() and any(not (model_dir / n).is_file() for n in read_sums(model_dir))
 
 
-def check_packed_models(out, manifest: dict) -> int:
-    """Read the ``SHA256SUMS`` of every model directory of ``manifest`` that has one (a damaged one is refused,
-    before a command writes anything); returns how many models are packed (to be rebuilt when loaded)."""
-    return sum(is_packed(d) for _, d in _model_entries(Path(out), manifest))
+def check_packed_models(out, manifest: dict) -> None:
+    """Read the ``SHA256SUMS`` of every model directory of ``manifest`` that has one: a damaged one is refused
+    before a command writes anything."""
+    _model_entries(Path(out), manifest)
 
 
 def _write_sums(path: Path, sums: dict) -> None:
