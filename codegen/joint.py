@@ -223,9 +223,10 @@ def joint_suggestion(fam) -> str:
 def generate_joint_choice(path, name: str, joint, choice: str, sizes: dict, degree: int = 1, progress=None):
     """``geosharp derive --spec FILE --metric [NAME:]CHOICE`` for a joint symmetry: the metric ``choice`` (a built-in
     kind of the declaration, :func:`derivations.joint_choice.joint_builtin_names`, derived without solving the
-    family; else a member of :func:`derivations.joint.joint_invariant_metrics` at ``sizes`` {name: int}), refused
-    unless positive definite (float64 coordinate Gram at random points of ``sizes``) and proved invariant under
-    every part; returns ([GeneratedModule], {module name: seconds}) (nothing written)."""
+    family; a folded kind through :func:`derivations.joint_folded.derive_folded_geometry`; else a member of
+    :func:`derivations.joint.joint_invariant_metrics` at ``sizes`` {name: int}), refused unless positive definite
+    (float64 coordinate Gram at random points of ``sizes``) and proved invariant under every part; returns
+    ([GeneratedModule], {module name: seconds}) (nothing written)."""
     import re
     import time
     from pathlib import Path
@@ -235,12 +236,20 @@ def generate_joint_choice(path, name: str, joint, choice: str, sizes: dict, degr
     from derivations.errors import MetricError
     from derivations.joint import joint_definiteness, joint_invariant_metrics
     from derivations.joint_choice import builtin_joint_metric_on, joint_builtin_names, joint_family_member
+    from derivations.joint_builtins import JOINT_BUILTIN_METRICS
+    from derivations.joint_folded import FOLDED_KINDS, derive_folded_geometry
     from derivations.joint_geometry import derive_joint_geometry
 
     from .generate import GeneratedModule
 
     t0 = time.perf_counter()
     metric, fam = builtin_joint_metric_on(joint, choice.strip()), None
+    known = {k for _, k in JOINT_BUILTIN_METRICS} | set(FOLDED_KINDS)
+    if metric is None and choice.strip() in known:  # a built-in name of another declaration: say which apply
+        builtins = joint_builtin_names(joint)
+        raise MetricError(f"the built-in metric {choice.strip()!r} does not apply to {name!r} ({joint.name}, blocks "
+                          f"{', '.join(map(str, joint.blocks))}); its built-ins: {', '.join(builtins) or 'none'}; "
+                          f"or a member of its invariant family (`geosharp derive --spec FILE` lists it)")
     if metric is None:
         fam = joint_invariant_metrics(joint, sizes, degree=degree)
         metric = joint_family_member(fam, choice)
@@ -256,7 +265,10 @@ def generate_joint_choice(path, name: str, joint, choice: str, sizes: dict, degr
             + (f" (degenerate on {', '.join(missing)})" if missing else "")
             + f"; add members positive on every block, e.g. --metric {name}:{hint}"
             + (f", or a built-in: {', '.join(builtins)}" if builtins else ""))
-    geo = derive_joint_geometry(metric)
+    # a folded metric's operator is not block-diagonal: derived through the fold (closed-form projection proved,
+    # geodesic the pullback of the product one), its kernels project by CG on the coupled conditions
+    geo = derive_folded_geometry(metric).joint_geometry() if metric.name in FOLDED_KINDS else \
+        derive_joint_geometry(metric)
     module_name = re.sub(r"\W+", "_", f"{name}_{metric.name}").strip("_")
     source = generate_joint_module(geo, module_name, origin=f"spec {Path(path).name}, joint metric {metric.name}")
     seconds = time.perf_counter() - t0

@@ -63,7 +63,7 @@ from .metric import builtin_metric
 from .quotient import derive_geometry, derive_second_order_geodesic
 from .symmetry import gl_pair
 
-__all__ = ["FOLDED_KINDS", "norm_pair", "fold", "fold_tangent", "folded_metric", "FoldedGeometry",
+__all__ = ["FOLDED_KINDS", "norm_pair", "is_norm_pair", "fold", "fold_tangent", "folded_metric", "FoldedGeometry",
            "derive_folded_geometry", "folded_invariance_summary"]
 
 #: folded metric name -> the GL pair's built-in metric it pulls back
@@ -96,6 +96,16 @@ def _structure(joint: JointSymmetry) -> tuple:
         raise MetricError(f"folded metrics are defined for a norm weight x GL pair joint symmetry (norm_qk, "
                           f"norm_pair: blocks G, H, diagonal Gam); got {joint.name!r} with blocks {list(joint.blocks)}")
     return joint.parts[0].blocks, tuple(joint.parts[1].blocks[1:]), joint.diagonal_blocks[0]
+
+
+def is_norm_pair(joint: JointSymmetry) -> bool:
+    """Whether ``joint`` has the structure the folded metrics are defined on (a norm weight × GL pair:
+    :func:`norm_qk`, :func:`norm_pair`, or a declaration of the same blocks and parts)."""
+    try:
+        _structure(joint)
+    except MetricError:
+        return False
+    return True
 
 
 def fold(joint: JointSymmetry) -> tuple:

@@ -18,85 +18,16 @@ from derivations.joint import JointMetric, norm_qk, prove_joint_invariance
 from derivations.joint_builtins import joint_builtin_metric
 from derivations.joint_folded import FOLDED_KINDS, derive_folded_geometry, fold_tangent, folded_metric, norm_pair
 
+from .folded_numeric import (ONE, QK, closed_form_acceleration, closed_form_projection, flat, g_hand, gram,
+                             pair_acceleration, random_point, sizes_of, split, to_values, vertical_span)
+
 _GEO = {}
-#: the folded blocks: ("G", "H") is norm × Q/K (H ∈ R^{d×h}); ("G",) norm × V/O or, at h = 1, a GL(1) unit
-QK, ONE = ("G", "H"), ("G",)
 
 
 def geometry(kind, folded=QK):
     if (kind, folded) not in _GEO:
         _GEO[kind, folded] = derive_folded_geometry(folded_metric(kind, joint=norm_pair(3, folded)))
     return _GEO[kind, folded]
-
-
-# ------------------------------------------------------------------------------------------------
-# hand-written float64 reference (numpy / torch, no SymPy); fold_h: whether H reads the norm (H is m×h)
-
-def g_hand(kind, G, H, gam, a, b, lib=np, fold_h=True):
-    """Σ a_γ b_γ/γ² + g_pair(ΓG, ΓH)((Γa_G + A_γG, Γa_H + A_γH), (Γb_G + B_γG, Γb_H + B_γH)) (H, a_H unfolded
-    when not fold_h)."""
-    diag = lib.diag
-    inv = np.linalg.inv if lib is np else torch.linalg.inv
-    tr = np.trace if lib is np else torch.trace
-    Gam = diag(gam)
-    Gh, Hh = Gam @ G, (Gam @ H if fold_h else H)
-    aG, bG = Gam @ a[0] + diag(a[2]) @ G, Gam @ b[0] + diag(b[2]) @ G
-    aH, bH = (Gam @ a[1] + diag(a[2]) @ H, Gam @ b[1] + diag(b[2]) @ H) if fold_h else (a[1], b[1])
-    out = (a[2] * b[2] / gam ** 2).sum()
-    if kind == "folded_inv":
-        return out + tr(inv(Gh.T @ Gh) @ aG.T @ bG) + tr(inv(Hh.T @ Hh) @ aH.T @ bH)
-    return out + tr(Hh.T @ Hh @ aG.T @ bG) + tr(Gh.T @ Gh @ aH.T @ bH)
-
-
-def split(x, d, h, m=None):
-    """Coordinates (vec G, vec H, γ) -> (G, H, γ); H is m×h (m = d by default)."""
-    m = d if m is None else m
-    return x[:d * h].reshape(d, h), x[d * h:d * h + m * h].reshape(m, h), x[d * h + m * h:]
-
-
-def flat(G, H, gam, lib=np):
-    return lib.concatenate([G.reshape(-1), H.reshape(-1), gam]) if lib is np else torch.cat(
-        [G.reshape(-1), H.reshape(-1), gam])
-
-
-def gram(kind, theta, d, h, lib=np, m=None, fold_h=True):
-    N = theta.shape[0]
-    E = np.eye(N) if lib is np else torch.eye(N, dtype=torch.float64)
-    G, H, gam = split(theta, d, h, m)
-    rows = [[g_hand(kind, G, H, gam, split(E[i], d, h, m), split(E[j], d, h, m), lib, fold_h) for j in range(N)]
-            for i in range(N)]
-    return np.array(rows) if lib is np else torch.stack([torch.stack(r) for r in rows])
-
-
-def vertical_span(theta, d, h, m=None, fold_h=True):
-    """Every vertical vector: norm part (−XG, −XH or 0, Xγ) for X = E_kk; pair part (GA, −HAᵀ, 0) for A = E_ab."""
-    G, H, gam = split(theta, d, h, m)
-    cols = []
-    for k in range(d):
-        X = np.zeros((d, d))
-        X[k, k] = 1.0
-        cols.append(flat(-X @ G, -X @ H if fold_h else np.zeros_like(H), X @ gam))
-    for a in range(h):
-        for c in range(h):
-            A = np.zeros((h, h))
-            A[a, c] = 1.0
-            cols.append(flat(G @ A, -H @ A.T, np.zeros(d)))
-    return np.stack(cols, 1)
-
-
-def random_point(rng, d, h, m=None):
-    gam = rng.uniform(0.5, 2.0, d) * rng.choice([-1.0, 1.0], d)
-    return rng.standard_normal((d, h)), rng.standard_normal((d if m is None else m, h)), gam
-
-
-def to_values(j, G, H, gam):
-    Gs, Hs, Gams = j.blocks
-    return {Gs: G, Hs: H, Gams: np.diag(gam)}
-
-
-def sizes_of(j, d, h, m=None):
-    G, H, _ = j.blocks
-    return {G.shape[0]: d, G.shape[1]: h, H.shape[0]: d if m is None else m}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -185,27 +116,6 @@ def test_folded_metric_float64_invariance_and_expression_match_the_hand_written_
         assert abs(after - before) <= 1e-9 * abs(before)
 
 
-def _closed_form_projection(kind, G, H, gam, xG, xH, xg, fold_h=True):
-    """P(ξ) = (ξ_G + Γ⁻¹ΞG − GΛ, ξ_H + Γ⁻¹ΞH + HΛᵀ, 0) (ξ_H + HΛᵀ when H does not read the norm), Λ the pair's
-    multiplier at the fold: C(ξ̂ − (ĜΛ, −ĤΛᵀ)) = 0 with the pair's horizontal condition C (docs/MATH.md; inv:
-    Ĝᵀξ̂_G Ŝ_G⁻¹ − Ŝ_H⁻¹ξ̂_HᵀĤ, mix: Ĝᵀξ̂_G Ŝ_H − Ŝ_G ξ̂_HᵀĤ), solved as an h²×h² linear system (numpy)."""
-    Gam, Xi, h = np.diag(gam), np.diag(xg), G.shape[1]
-    Gh, Hh = Gam @ G, (Gam @ H if fold_h else H)
-    SG, SH = Gh.T @ Gh, Hh.T @ Hh
-
-    def cond(vG, vH):
-        if kind == "folded_inv":
-            return Gh.T @ vG @ np.linalg.inv(SG) - np.linalg.inv(SH) @ vH.T @ Hh
-        return Gh.T @ vG @ SH - SG @ vH.T @ Hh
-
-    units = [np.eye(h * h)[k].reshape(h, h) for k in range(h * h)]
-    K = np.stack([cond(Gh @ E, -Hh @ E.T).ravel() for E in units], 1)
-    fH = Gam @ xH + Xi @ H if fold_h else xH
-    Lam = np.linalg.solve(K, cond(Gam @ xG + Xi @ G, fH).ravel()).reshape(h, h)
-    Gi = np.diag(1 / gam)
-    return (xG + Gi @ Xi @ G - G @ Lam, xH + (Gi @ Xi @ H if fold_h else 0) + H @ Lam.T, np.zeros_like(gam))
-
-
 @pytest.mark.parametrize("kind, folded, d, h, m", CASES, ids=_id)
 def test_folded_projection_equals_dense_least_squares_projection(kind, folded, d, h, m):
     geo = geometry(kind, folded)
@@ -222,7 +132,7 @@ def test_folded_projection_equals_dense_least_squares_projection(kind, folded, d
     dense = x - V @ np.linalg.lstsq(V.T @ M @ V, V.T @ M @ x, rcond=None)[0]
     scale = max(1.0, np.abs(x).max())
     assert np.abs(p - dense).max() < 1e-9 * scale
-    closed = flat(*_closed_form_projection(kind, G, H, gam, xG, xH, xg, fold_h))
+    closed = flat(*closed_form_projection(kind, G, H, gam, xG, xH, xg, fold_h))
     assert np.abs(closed - dense).max() < 1e-9 * scale
     assert np.abs(split(p, d, h, m)[2]).max() == 0.0  # horizontal vectors do not move γ
     assert np.abs(V.T @ M @ p).max() < 1e-9 * np.abs(V.T @ M @ x).max()  # horizontal
@@ -231,20 +141,6 @@ def test_folded_projection_equals_dense_least_squares_projection(kind, folded, d
     again = flat(*[v if k < 2 else np.diag(v) for k, v in enumerate(
         geo.project(to_values(j, G, H, gam), [pG, pH, np.diag(pg)], sizes))])
     assert np.abs(again - p).max() < 1e-9 * max(1.0, np.abs(p).max())  # idempotent
-
-
-def _pair_acceleration(kind, Gh, Hh, vG, vH):
-    """The GL pair's geodesic acceleration (docs/MATH.md), hand-written."""
-    if kind == "folded_inv":
-        def one(B, v):
-            Si = np.linalg.inv(B.T @ B)
-            return -B @ Si @ v.T @ v + v @ Si @ B.T @ v + v @ Si @ v.T @ B
-        return one(Gh, vG), one(Hh, vH)
-
-    def one(B, v, C, w):
-        Ti = np.linalg.inv(C.T @ C)
-        return B @ w.T @ w @ Ti - v @ C.T @ w @ Ti - v @ w.T @ C @ Ti
-    return one(Gh, vG, Hh, vH), one(Hh, vH, Gh, vG)
 
 
 @pytest.mark.parametrize("kind, folded, d, h, m", [CASES[0], CASES[1], CASES[3], CASES[4], CASES[5], CASES[7]],
@@ -259,12 +155,7 @@ def test_folded_acceleration_matches_autograd_christoffel(kind, folded, d, h, m)
     acc = geo.acceleration(to_values(j, G, H, gam), [xG, xH, np.diag(xg)], sizes_of(j, d, h, m))
     derived = flat(acc[0], acc[1], np.diag(acc[2]))
     # closed form: G̈ = Γ⁻¹Ĝ̈ − 2Γ⁻¹Ξξ_G − Γ⁻²Ξ²G (the same for H if it reads the norm, else Ḧ = Ĥ̈), γ̈ = ξ_γ²/γ
-    Gi, Xi = np.diag(1 / gam), np.diag(xg)
-    Gam = np.diag(gam)
-    Hh, vH = (Gam @ H, Gam @ xH + Xi @ H) if fold_h else (H, xH)
-    aGh, aHh = _pair_acceleration(kind, Gam @ G, Hh, Gam @ xG + Xi @ G, vH)
-    aH = Gi @ aHh - 2 * Gi @ Xi @ xH - Gi @ Gi @ Xi @ Xi @ H if fold_h else aHh
-    closed = flat(Gi @ aGh - 2 * Gi @ Xi @ xG - Gi @ Gi @ Xi @ Xi @ G, aH, xg ** 2 / gam)
+    closed = closed_form_acceleration(kind, G, H, gam, xG, xH, xg, fold_h)
     # −Γ(ξ, ξ) = M⁻¹[½ ∇_θ ξᵀMξ − (D_ξ M) ξ], M the dense metric of the hand-written torch g
     th = torch.tensor(flat(G, H, gam), dtype=torch.float64)
     v = torch.tensor(x, dtype=torch.float64)
@@ -288,7 +179,7 @@ def test_folded_geodesic_is_the_pullback_of_the_product_geodesic_to_second_order
     xG, xH, xg = rng.standard_normal((d, h)), rng.standard_normal((d, h)), rng.standard_normal(d)
     vals, sizes = to_values(j, G, H, gam), sizes_of(j, d, h)
     Gam, Xi = np.diag(gam), np.diag(xg)
-    aGh, aHh = _pair_acceleration("folded_mix", Gam @ G, Gam @ H, Gam @ xG + Xi @ G, Gam @ xH + Xi @ H)
+    aGh, aHh = pair_acceleration("folded_mix", Gam @ G, Gam @ H, Gam @ xG + Xi @ G, Gam @ xH + Xi @ H)
 
     def curve(t):  # φ⁻¹ of the product curve, the pair part to second order (its third-order term drops below)
         g_t = gam * np.exp(t * xg / gam)
