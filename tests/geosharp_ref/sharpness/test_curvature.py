@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -29,7 +30,7 @@ from geosharp_ref.sharpness import Factor, ProductSpace, build_space, get_measur
 from geosharp_ref.sharpness.curvature import curvature, exact_trace, hutchinson_trace, hutchpp_trace
 from geosharp_ref.sharpness.hessian import EuclideanHessian, QuotientHessian
 from geosharp_ref.studies import toy
-from geosharp_ref.symmetry import symmetry_map
+from geosharp_ref.symmetry import NoAttentionPairsWarning, symmetry_map
 from geosharp_ref.testing import group_element, orbit_points
 from tests import cases
 
@@ -257,3 +258,18 @@ def test_curvature_measures_prepare_the_batch_as_every_measure_does(name):
     with torch.no_grad():
         ref = float(nn.functional.cross_entropy(model(x.double()), y))
     assert got.loss_before == pytest.approx([ref], rel=1e-12)
+
+
+def test_curvature_without_attention_pairs_is_silent_where_sharpness_warns():
+    """One quotient resolver (:func:`~geosharp_ref.sharpness.pipeline.evaluation_quotient`) serves both: on a
+    model with no attention pair the geodesic measure warns that its quotient is the adaptive space, the
+    curvature operator (whose documented quotient is then the adaptive space) does not."""
+    model = cases.mlp64(nn.Tanh)
+    gen = torch.Generator().manual_seed(1)
+    batch = (torch.randn(6, 5, generator=gen, dtype=torch.float64), torch.randint(0, 3, (6,), generator=gen))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NoAttentionPairsWarning)
+        res = curvature(model, [batch], "mix", k=1, probes=2, steps=3)
+    assert math.isfinite(res.trace) and res.config["factors"] == []
+    with pytest.warns(NoAttentionPairsWarning):
+        get_measure("geodesic-mix").evaluate(model, [batch], 0.1, n_iter=1)
