@@ -24,11 +24,14 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/geosharp demo
 
+# one test process per core (at most 4), each test file on one process (its module fixtures built once)
+XDIST := -n auto --maxprocesses=4 --dist loadfile
+
 test: $(STAMP)
-	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q tests --nbmake notebooks
+	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q $(XDIST) tests --nbmake notebooks
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -x tests -m "not slow"
+	$(PY) -m pytest -q -x $(XDIST) tests -m "not slow"
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site

@@ -19,7 +19,9 @@ settings.register_profile(
 settings.register_profile("dev", max_examples=60, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+# under pytest-xdist (make test: one process per core) each worker keeps to one intra-op thread: two spinning
+# OpenMP threads per process on a core shared with another worker slow everything down
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, torch.get_num_threads())))
 
 
 def pytest_addoption(parser):
