@@ -10,7 +10,8 @@ coefficients (``m1+m3``, ``2*m0+1/2*m2``) or the name of a built-in metric in th
 with several symmetries, prefix the symmetry's name: ``lora:m1+m3``. A :class:`derivations.joint.JointSymmetry`
 (with ``SIZES = {dimension: int}``, the concrete sizes its family is solved at) is listed with its invariance
 per part; ``--metric`` derives a member (or a built-in name of the declaration, e.g. ``inv``/``mix`` for
-:func:`derivations.joint.norm_qk`) into a batched joint kernel module (:func:`codegen.joint.generate_joint_choice`).
+:func:`derivations.joint.norm_qk`; ``folded_inv``/``folded_mix`` for any norm weight × GL pair, outside the family,
+derived through the fold) into a batched joint kernel module (:func:`codegen.joint.generate_joint_choice`).
 
 Example (examples/symmetry_only_spec.py)::
 
