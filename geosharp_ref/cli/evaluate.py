@@ -49,6 +49,20 @@ METRIC_DEFAULTS = dict(iters=20, eps=0.0, gradient="exact", geodesic="second-ord
                        attention_metric="mix")
 
 
+def _check_size_and_iters(args) -> None:
+    """The radius (``--rho``, else ``--target-relative-size`` in (0, 1]) and ``--iters`` (≥ 1 where given),
+    checked before the model or the data is read."""
+    if args.rho is not None:
+        check_rho(args.rho)
+    else:
+        check_positive("--target-relative-size", args.target_relative_size)
+        if args.target_relative_size > 1:
+            raise ValueError(f"--target-relative-size {args.target_relative_size:g} is above 1, a perturbation larger "
+                             f"than the weights themselves (‖Δθ‖ > ‖θ‖); give a fraction such as 2e-4")
+    if args.iters is not None and args.iters < 1:
+        raise ValueError(f"--iters must be at least 1, got {args.iters}")
+
+
 def run(args) -> int:
     """``geosharp evaluate``: adaptive or geodesic sharpness of a saved model on a saved data set; with
     ``--measure`` a named measure (:func:`run_measure`)."""
@@ -59,15 +73,7 @@ def run(args) -> int:
             setattr(args, key, value)
     # every option is checked here, before the model or the data is read (the library's own checks:
     # check_rho and EvaluationOptions)
-    if args.rho is not None:
-        check_rho(args.rho)
-    else:
-        check_positive("--target-relative-size", args.target_relative_size)
-        if args.target_relative_size > 1:
-            raise ValueError(f"--target-relative-size {args.target_relative_size:g} is above 1, a perturbation larger "
-                             f"than the weights themselves (‖Δθ‖ > ‖θ‖); give a fraction such as 2e-4")
-    if args.iters < 1:
-        raise ValueError(f"--iters must be at least 1, got {args.iters}")
+    _check_size_and_iters(args)
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.batches is not None and args.batches < 1:
@@ -239,15 +245,7 @@ def run_measure(args) -> int:
     why = measure_refusal(args, m)
     if why:
         raise ValueError(why)
-    if args.rho is not None:
-        check_rho(args.rho)
-    else:
-        check_positive("--target-relative-size", args.target_relative_size)
-        if args.target_relative_size > 1:
-            raise ValueError(f"--target-relative-size {args.target_relative_size:g} is above 1, a perturbation larger "
-                             f"than the weights themselves (‖Δθ‖ > ‖θ‖); give a fraction such as 2e-4")
-    if args.iters is not None and args.iters < 1:
-        raise ValueError(f"--iters must be at least 1, got {args.iters}")
+    _check_size_and_iters(args)
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.batches is not None and args.batches < 1:
