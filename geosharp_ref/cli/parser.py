@@ -68,8 +68,9 @@ def _add_derive(sub):
     p.add_argument("--check", action="store_true", help="only check that the files on disk are up to date")
     p.add_argument("--metric", metavar="CHOICE",
                    help="with a spec that declares SYMMETRY and no SPEC: the invariant metric to derive (m1, an index, "
-                        "a sum such as m1+m3, or a built-in name in the family such as inv); without it the "
-                        "invariant metrics are listed (docs/guides/invariant-metrics.md)")
+                        "a sum such as m1+m3, or a built-in name in the family such as inv; for a norm weight x GL "
+                        "pair also folded_inv or folded_mix); without it the invariant metrics are listed "
+                        "(docs/guides/invariant-metrics.md)")
 
 
 def _add_demo(sub):
