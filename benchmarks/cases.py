@@ -368,4 +368,5 @@ def case_cuda_full(quick: bool, device) -> dict:
         sync(device)
         peak = (torch.cuda.max_memory_allocated(device) - base) / 2**30 if cuda else None
         rows.append(dict(measure=measure, seconds=time.perf_counter() - t, peak_gib=peak, sharpness=res.mean))
+        print(f"[bench] cuda {rows[-1]}", flush=True)  # each measure reaches the log, even if a time limit cuts the rest
     return dict(inputs=n_inputs, batch=bs, n_iter=n_iter, device=str(device), rows=rows)

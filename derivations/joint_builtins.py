@@ -19,8 +19,9 @@ are the pullbacks of Σ dγ²/γ² ⊕ g_pair(ΓG, ΓH) by the fold (γ, G, H) �
 They differ from the lifts above by the cross terms ξ_Γ G (their operator is not block-diagonal), so
 :func:`derivations.joint_geometry.derive_joint_geometry` cannot derive their geodesic; derive them with
 :func:`derivations.joint_folded.derive_folded_geometry` (invariance proved for both parts, closed-form projection and
-geodesic through the fold). They are not in ``JOINT_BUILTIN_METRICS`` (no committed kernels, and
-``geosharp derive --spec`` derives joint metrics with ``derive_joint_geometry``).
+geodesic through the fold). They are not in ``JOINT_BUILTIN_METRICS`` (no committed kernels);
+``geosharp derive --spec FILE --metric folded_inv|folded_mix`` derives them through the fold for any norm weight × GL
+pair (:func:`codegen.joint.generate_joint_choice`).
 """
 from __future__ import annotations
 

@@ -278,6 +278,8 @@ def evaluation_quotient(model, batch, metric, smap, symmetries, *, warn: bool = 
     (:func:`~geosharp_ref.symmetry.check.check_attention_pairs`). ``warn``: a :class:`NoAttentionPairsWarning`
     where the model has no pairs and no further symmetry is given (the sharpness measures warn; the curvature
     operator, whose quotient is then the adaptive space, passes False)."""
+    if isinstance(metric, EvaluationOptions):
+        raise TypeError("evaluation_quotient takes the metric (options.metric), not the options")
     if metric is None:
         return Quotient.assemble(dict(model.named_parameters()), None, None)
     quiet = bool(symmetries) or not warn  # no attention pairs is fine when other symmetries are quotiented

@@ -18,8 +18,8 @@ from derivations.joint import JointMetric, norm_qk, prove_joint_invariance
 from derivations.joint_builtins import joint_builtin_metric
 from derivations.joint_folded import FOLDED_KINDS, derive_folded_geometry, fold_tangent, folded_metric, norm_pair
 
-from .folded_numeric import (ONE, QK, closed_form_acceleration, closed_form_projection, flat, g_hand, gram,
-                             pair_acceleration, random_point, sizes_of, split, to_values, vertical_span)
+from .folded_numeric import (ONE, QK, closed_form_acceleration, closed_form_projection, dense_projection, flat, g_hand,
+                             gram, pair_acceleration, random_point, sizes_of, split, to_values, vertical_span)
 
 _GEO = {}
 
@@ -129,7 +129,7 @@ def test_folded_projection_equals_dense_least_squares_projection(kind, folded, d
     p = flat(*[v if k < 2 else np.diag(v) for k, v in enumerate(
         geo.project(to_values(j, G, H, gam), [xG, xH, np.diag(xg)], sizes))])
     M, V = gram(kind, theta, d, h, m=m, fold_h=fold_h), vertical_span(theta, d, h, m, fold_h)
-    dense = x - V @ np.linalg.lstsq(V.T @ M @ V, V.T @ M @ x, rcond=None)[0]
+    dense = dense_projection(kind, G, H, gam, x, fold_h)
     scale = max(1.0, np.abs(x).max())
     assert np.abs(p - dense).max() < 1e-9 * scale
     closed = flat(*closed_form_projection(kind, G, H, gam, xG, xH, xg, fold_h))

@@ -8,6 +8,7 @@ from torch import nn
 
 from geosharp_ref.sharpness import (ABLATION_MEASURES, HEADLINE_MEASURES, MEASURES, Cotangents, ProductSpace,
                                     adaptive_sharpness, geodesic_sharpness, get_measure, gl_pair_factors, model_loss)
+from geosharp_ref.sharpness.pipeline import EvaluationOptions, evaluation_quotient
 from geosharp_ref.symmetry import symmetry_map
 from tests.cases import TinyAttention, trust_region_max
 
@@ -180,3 +181,13 @@ def test_gl_bindings_share_one_fast_factor_equal_to_the_generic_ones():
     a = geodesic_sharpness(model, [batch], 0.05, **kw)
     b = geodesic_sharpness(model, [batch], 0.05, fast=False, **kw)
     assert a.mean > 0 and abs(a.mean - b.mean) <= 1e-10 * abs(b.mean)
+
+
+def test_evaluation_quotient_refuses_the_options_where_the_metric_is_asked_for():
+    """``evaluation_quotient`` takes the metric (it took the options before): an old-style call is a TypeError,
+    not an options object read as a metric; the metric itself gives the attention pairs' quotient."""
+    model = TinyAttention().double().eval()
+    batch = (torch.randn(2, 3, 8, dtype=torch.float64), torch.zeros(2, dtype=torch.long))
+    with pytest.raises(TypeError, match="takes the metric"):
+        evaluation_quotient(model, batch, EvaluationOptions(metric="mix"), None, None)
+    assert len(evaluation_quotient(model, batch, "mix", None, None).pairs) == len(symmetry_map(model).groups) == 2
