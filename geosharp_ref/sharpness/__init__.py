@@ -7,7 +7,8 @@
 * :mod:`~geosharp_ref.sharpness.gl_factor` — :class:`GLPairFactor`, the fast ``gl_inv``/``gl_mix`` factor of
   the attention pairs (buckets, base-point caches, lazy blocks, Gram-carrying vectors)
 * :mod:`~geosharp_ref.sharpness.pipeline` — the one evaluation: :class:`EvaluationOptions` (validated once),
-  :func:`prepare_inputs`, :func:`build_space`, :func:`evaluate`
+  :func:`prepare_inputs`, :func:`build_space`, :func:`evaluation_space` (the two, the preamble of every
+  evaluation), :func:`evaluate`
 * :mod:`~geosharp_ref.sharpness.result` — :class:`SharpnessResult`, relative sizes, :func:`rho_for_size`
 * :mod:`~geosharp_ref.sharpness.measures` — :func:`adaptive_sharpness`, :func:`geodesic_sharpness`,
   :func:`linearised_sharpness`, the named measures
@@ -25,7 +26,7 @@ from .space import GRADIENTS, Cotangents, ProductSpace, SpaceOptions, Tangent
 from .factors import Factor
 from .gl_factor import GLPairFactor, gl_pair_factors
 from .result import SharpnessResult, relative_perturbation, rho_for_size
-from .pipeline import EvaluationOptions, build_space, evaluate, prepare_inputs
+from .pipeline import EvaluationOptions, EvaluationSpace, build_space, evaluate, evaluation_space, prepare_inputs
 from .measures import (ABLATION_MEASURES, HEADLINE_MEASURES, LINEARISED_MEASURES, MEASURES, Measure,
                        adaptive_sharpness, geodesic_sharpness, get_measure, linearised_sharpness)
 from .hessian import EuclideanHessian, QuotientHessian
@@ -33,7 +34,8 @@ from .curvature import CurvatureResult, hutchinson_trace, hutchpp_trace, top_eig
 from .average_case import average_case_sharpness
 
 __all__ = ["ProductSpace", "Tangent", "Cotangents", "SpaceOptions", "GRADIENTS", "Factor", "GLPairFactor",
-           "gl_pair_factors", "EvaluationOptions", "build_space", "evaluate", "prepare_inputs", "SharpnessResult",
+           "gl_pair_factors", "EvaluationOptions", "build_space", "evaluate", "prepare_inputs",
+           "evaluation_space", "EvaluationSpace", "SharpnessResult",
            "relative_perturbation", "rho_for_size", "adaptive_sharpness", "geodesic_sharpness",
            "linearised_sharpness", "default_loss", "model_loss", "Measure", "MEASURES", "HEADLINE_MEASURES",
            "ABLATION_MEASURES", "LINEARISED_MEASURES", "get_measure",

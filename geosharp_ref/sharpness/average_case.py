@@ -45,7 +45,6 @@ s/√n (s the sample standard deviation); over batches the mean and √(Σ SE_b�
 """
 from __future__ import annotations
 
-import copy
 import math
 import time
 
@@ -55,7 +54,7 @@ from ..forward import default_loss, model_loss
 from .exact_geodesic import ExactGeodesicAt
 from .factors import GenericFactorAt
 from .gl_factor import GLPairFactorAt
-from .pipeline import EvaluationOptions, bucket_batches, build_space, check_rho, evaluation_quotient, prepare_inputs
+from .pipeline import EvaluationOptions, bucket_batches, check_rho, evaluation_space
 from .result import SharpnessResult, relative_perturbation
 from .space import Tangent
 
@@ -161,11 +160,10 @@ def average_case_sharpness(model, batches, rho, *, metric=None, n_samples: int =
     options = EvaluationOptions(metric=metric, eps=eps, dtype=dtype, exclude=exclude, geodesic=geodesic, steps=steps,
                                 seed=seed, length_buckets=length_buckets)
     t0 = time.perf_counter()
-    params, batches, _, dtype = prepare_inputs(model, batches, options.dtype)
-    if dtype != next(model.parameters()).dtype:
-        model = copy.deepcopy(model).to(dtype)
-    quotient = evaluation_quotient(model, batches[0], options.metric, symmetry_map, symmetries)
-    space = build_space(params, quotient=quotient, eps=eps, **options.space_options)
+    model, params, batches, space = setup = evaluation_space(
+        model, batches, options.metric, dtype=options.dtype, smap=symmetry_map, symmetries=symmetries, eps=eps,
+        **options.space_options)
+    dtype, quotient = setup.dtype, space.quotient
     gen = torch.Generator().manual_seed(seed)
     per, se, before, after, norms, sizes = [], [], [], [], [], []
     was_training = model.training

@@ -27,7 +27,6 @@ space plus dim(vertical) zeros) or ∇²L y for the Euclidean Hessian.
 """
 from __future__ import annotations
 
-import copy
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -37,7 +36,7 @@ import torch
 
 from ..forward import default_loss, model_loss
 from .hessian import EuclideanHessian, QuotientHessian
-from .pipeline import bucket_batches, build_space, check_length_buckets, evaluation_quotient, prepare_inputs
+from .pipeline import EvaluationSpace, bucket_batches, check_length_buckets, evaluation_space
 from .result import SharpnessResult
 
 __all__ = ["TraceEstimate", "Eigenvalues", "CurvatureResult", "hutchinson_trace", "hutchpp_trace", "top_eigenvalues",
@@ -238,8 +237,27 @@ class CurvatureResult:
         return asdict(self)
 
 
-def _losses(model, batches, loss_fn):
-    return [lambda p, b=b: model_loss(model, p, b, loss_fn) for b in batches]
+def _hessian(setup: EvaluationSpace, batches, metric, loss_fn, hvp: str, length_buckets):
+    """The Hessian of the mean loss over ``batches`` (prepared, on the setup's model) in the setup's space
+    (``metric`` None: the Euclidean one on the parameters the adaptive space perturbs)."""
+    model, params = setup.model, setup.params
+    losses = [lambda p, b=b: model_loss(model, p, b, loss_fn)
+              for b in bucket_batches(model, params, batches, length_buckets, loss_fn)]
+    if metric is None:
+        return EuclideanHessian(params, losses, setup.space.adaptive_names, hvp=hvp)
+    return QuotientHessian(setup.space, losses, hvp=hvp)
+
+
+def _curvature_setup(model, batches, geometry, *, symmetries, smap, eps, dtype, exclude):
+    """``(setup, metric)``: the evaluation space of ``geometry`` (:func:`evaluation_space`, silent where the model
+    has no attention pairs), its model in eval mode."""
+    if geometry not in GEOMETRIES:
+        raise ValueError(f"unknown geometry {geometry!r}; choose one of {GEOMETRIES}")
+    metric = None if geometry == "euclidean" else geometry
+    setup = evaluation_space(model, batches, metric, dtype=dtype, smap=smap, symmetries=symmetries, warn=False,
+                             eps=eps, exclude=tuple(exclude))
+    setup.model.eval()
+    return setup, metric
 
 
 def hessian_operator(model, batches, geometry: str = "mix", *, symmetries=None, smap=None, loss_fn=default_loss,
@@ -249,19 +267,20 @@ def hessian_operator(model, batches, geometry: str = "mix", *, symmetries=None, 
     adaptive space perturbs) of the mean loss over ``batches``; the model in eval mode (a float copy when
     ``dtype`` differs). ``length_buckets`` K: padded text batches in K groups of similar length
     (:func:`~geosharp_ref.sharpness.pipeline.bucket_batches`)."""
-    if geometry not in GEOMETRIES:
-        raise ValueError(f"unknown geometry {geometry!r}; choose one of {GEOMETRIES}")
-    params, batches, _, dtype = prepare_inputs(model, batches, dtype)
-    if dtype != next(model.parameters()).dtype:
-        model = copy.deepcopy(model).to(dtype)
-    model.eval()
-    metric = None if geometry == "euclidean" else geometry
-    quotient = evaluation_quotient(model, batches[0], metric, smap, symmetries, warn=False)
-    space = build_space(params, quotient=quotient, eps=eps, exclude=tuple(exclude))
-    losses = _losses(model, bucket_batches(model, params, batches, length_buckets, loss_fn), loss_fn)
-    if metric is None:
-        return EuclideanHessian(params, losses, space.adaptive_names, hvp=hvp), model, params
-    return QuotientHessian(space, losses, hvp=hvp), model, params
+    setup, metric = _curvature_setup(model, batches, geometry, symmetries=symmetries, smap=smap, eps=eps,
+                                     dtype=dtype, exclude=exclude)
+    return _hessian(setup, setup.batches, metric, loss_fn, hvp, length_buckets), setup.model, setup.params
+
+
+def _estimates(op, k, probes, distribution, steps, seed, progress, trace_method):
+    """``(trace, eigenvalues)`` of ``op``: ``probes`` matvecs of ``trace_method`` and ``k`` Lanczos
+    eigenvalues (``steps``), from one generator seeded ``seed``; ``probes=0`` or ``k=0`` skips one."""
+    estimate = hutchpp_trace if trace_method == "hutch++" else hutchinson_trace
+    gen = torch.Generator().manual_seed(seed)
+    trace = estimate(op, probes, distribution=distribution, generator=gen, progress=progress) \
+        if probes else TraceEstimate(float("nan"), float("nan"))
+    eig = top_eigenvalues(op, k, steps=steps, generator=gen, progress=progress) if k else Eigenvalues([], [], 0)
+    return trace, eig
 
 
 def curvature(model, batches, geometry: str = "mix", *, k: int = 1, probes: int = 16,
@@ -274,17 +293,12 @@ def curvature(model, batches, geometry: str = "mix", *, k: int = 1, probes: int 
     after every matvec; ``length_buckets``: as in :func:`hessian_operator`."""
     check_length_buckets(length_buckets)
     check_trace_method(trace_method, probes)
-    estimate = hutchpp_trace if trace_method == "hutch++" else hutchinson_trace
     t0 = time.perf_counter()
     was_training = model.training
     try:
         op, _, _ = hessian_operator(model, batches, geometry, symmetries=symmetries, smap=smap, loss_fn=loss_fn,
                                     eps=eps, dtype=dtype, exclude=exclude, hvp=hvp, length_buckets=length_buckets)
-        gen = torch.Generator().manual_seed(seed)
-        trace = estimate(op, probes, distribution=distribution, generator=gen, progress=progress) \
-            if probes else TraceEstimate(float("nan"), float("nan"))
-        eig = top_eigenvalues(op, k, steps=steps, generator=gen, progress=progress) if k else \
-            Eigenvalues([], [], 0)
+        trace, eig = _estimates(op, k, probes, distribution, steps, seed, progress, trace_method)
     finally:
         model.train(was_training)
     config = dict(trace_method=trace_method, distribution=distribution, seed=seed, eps=eps, hvp=op.hvp.mode,
@@ -302,25 +316,31 @@ def curvature_sharpness(model, batches, rho, *, quantity: str, geometry: str, pr
     """A curvature quantity per batch as a :class:`SharpnessResult` (what the named measures return):
     ``quantity`` "trace" (``probes`` matvecs by ``trace_method``, :data:`TRACE_METHODS`; the standard errors in
     ``config``) or "top-eigenvalue" (Lanczos, ``steps``); ``mean`` over the batches (the trace of the mean loss's
-    Hessian; for eigenvalues the mean of the per-batch top eigenvalues). ``rho`` is recorded only; ``loss_after``
-    equals ``loss_before`` and the perturbation fields are empty (no perturbation is made). Options of the
-    Auto-PGD measures are ignored."""
+    Hessian; for eigenvalues the mean of the per-batch top eigenvalues). One space for every batch, resolved on the
+    first (as the Auto-PGD measures do); batch ``i`` draws its probes from ``seed + i``. ``rho`` is recorded only;
+    ``loss_before`` is the loss at θ in the evaluation ``dtype``, ``loss_after`` equals it and the perturbation
+    fields are empty (no perturbation is made). Options of the Auto-PGD measures are ignored."""
     if quantity not in ("trace", "top-eigenvalue"):
         raise ValueError(f"unknown curvature quantity {quantity!r}; choose 'trace' or 'top-eigenvalue'")
+    trace = quantity == "trace"
+    check_length_buckets(length_buckets)
+    check_trace_method(trace_method if trace else "hutchinson", probes if trace else 0)
     t0 = time.perf_counter()
-    batches = list(batches)
     per, errors, before = [], [], []
-    params, prepared, _, _ = prepare_inputs(model, batches, None)  # for the loss at θ: cast and moved to the model
-    for i, (b, moved) in enumerate(zip(batches, prepared)):
-        r = curvature(model, [b], geometry, k=1 if quantity != "trace" else 0,
-                      probes=probes if quantity == "trace" else 0, steps=steps, seed=seed + i,
-                      symmetries=symmetries, smap=symmetry_map, loss_fn=loss_fn, eps=eps, dtype=dtype,
-                      exclude=exclude, length_buckets=length_buckets,
-                      trace_method=trace_method if quantity == "trace" else "hutchinson")
-        per.append(r.trace if quantity == "trace" else r.eigenvalues[0])
-        errors.append(r.trace_stderr if quantity == "trace" else r.eigenvalue_errors[0])
-        with torch.no_grad():
-            before.append(float(model_loss(model, params, moved, loss_fn)) if dtype is None else float("nan"))
+    was_training = model.training
+    try:  # one space for every batch, on the first (as the Auto-PGD measures); one operator per batch
+        setup, metric = _curvature_setup(model, batches, geometry, symmetries=symmetries, smap=symmetry_map,
+                                         eps=eps, dtype=dtype, exclude=exclude)
+        for i, b in enumerate(setup.batches):
+            op = _hessian(setup, [b], metric, loss_fn, "auto", length_buckets)
+            t, eig = _estimates(op, 0 if trace else 1, probes if trace else 0, "rademacher", steps, seed + i, None,
+                                trace_method if trace else "hutchinson")
+            per.append(t.value if trace else eig.values[0])
+            errors.append(t.stderr if trace else eig.errors[0])
+            with torch.no_grad():  # the loss at θ, in the evaluation dtype
+                before.append(float(model_loss(setup.model, setup.params, b, loss_fn)))
+    finally:
+        model.train(was_training)
     name = measure or f"hessian-{quantity}-{geometry}"
     return SharpnessResult(measure=name, rho=float(rho), mean=sum(per) / len(per), per_batch=per,
                            loss_before=before, loss_after=list(before), perturbation_norms=[],

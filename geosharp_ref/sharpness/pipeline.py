@@ -14,6 +14,9 @@
    the first-order measures (:func:`gradient_dual_norm`), into a
    :class:`~geosharp_ref.sharpness.result.SharpnessResult` with the relative size of every perturbation.
 
+Steps 2 and 3 together, with the model cast to the evaluation dtype, are :func:`evaluation_space`: the one
+preamble of the Auto-PGD and first-order measures, the average-case measures
+(:mod:`~geosharp_ref.sharpness.average_case`) and the curvature operator (:mod:`~geosharp_ref.sharpness.curvature`).
 The entry points (:mod:`~geosharp_ref.sharpness.measures`), the command line and the studies all run this
 pipeline; benchmarks and studies that need the space alone call :func:`build_space`.
 """
@@ -24,7 +27,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -42,7 +45,8 @@ from .result import SharpnessResult, relative_perturbation
 from .space import GRADIENTS, ProductSpace
 
 __all__ = ["EvaluationOptions", "check_rho", "prepare_inputs", "check_padding_mask", "build_space", "evaluate",
-           "bucket_batches", "check_length_buckets", "gradient_dual_norm", "evaluation_quotient", "binding_factors", "pair_factors", "MAX_RHO", "PAD_RUN", "NO_PAIRS_MESSAGE"]
+           "bucket_batches", "check_length_buckets", "gradient_dual_norm", "evaluation_quotient", "evaluation_space",
+           "EvaluationSpace", "binding_factors", "pair_factors", "MAX_RHO", "PAD_RUN", "NO_PAIRS_MESSAGE"]
 
 #: the largest radius accepted: beyond it the perturbation is larger than the weights themselves
 MAX_RHO = 10.0
@@ -296,6 +300,33 @@ def evaluation_quotient(model, batch, metric, smap, symmetries, *, warn: bool = 
     return Quotient.resolve(model, batch, metric=metric, symmetries=symmetries, smap=smap)
 
 
+class EvaluationSpace(NamedTuple):
+    """What every evaluation starts from (:func:`evaluation_space`): the model (a copy in the evaluation dtype
+    where that differs from its own), its detached parameters, the checked batches on its device, the space."""
+    model: torch.nn.Module
+    params: dict
+    batches: list
+    space: ProductSpace
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(iter(self.params.values())).dtype
+
+
+def evaluation_space(model, batches, metric, *, dtype=None, smap=None, symmetries=None, warn: bool = True,
+                     **space_options) -> EvaluationSpace:
+    """The one preamble of the sharpness, average-case and curvature evaluations: :func:`prepare_inputs` (in
+    ``dtype``; None: the model's), the model cast to that dtype (a deep copy; the caller's model is untouched),
+    :func:`evaluation_quotient` (``metric``, ``smap``, ``symmetries``, ``warn``) on the first batch, and
+    :func:`build_space` on it with ``space_options`` (``fast``, ``eps`` and the
+    :class:`~geosharp_ref.sharpness.space.ProductSpace` options)."""
+    params, batches, _, dtype = prepare_inputs(model, batches, dtype)
+    if dtype != next(model.parameters()).dtype:
+        model = copy.deepcopy(model).to(dtype)
+    quotient = evaluation_quotient(model, batches[0], metric, smap, symmetries, warn=warn)
+    return EvaluationSpace(model, params, batches, build_space(params, quotient=quotient, **space_options))
+
+
 def evaluate(model, batches, rho, options: EvaluationOptions = EvaluationOptions(), *, smap=None, symmetries=None,
              loss_fn=default_loss, measure: Optional[str] = None) -> SharpnessResult:
     """Sharpness of ``model`` on ``batches`` at radius ``rho`` under ``options`` (the whole pipeline, see the
@@ -304,11 +335,10 @@ def evaluate(model, batches, rho, options: EvaluationOptions = EvaluationOptions
     ``measure``: the name recorded (default :attr:`EvaluationOptions.measure_name`)."""
     rho = check_rho(rho)
     t0 = time.perf_counter()
-    params, batches, _, dtype = prepare_inputs(model, batches, options.dtype)
-    if dtype != next(model.parameters()).dtype:
-        model = copy.deepcopy(model).to(dtype)
-    quotient = evaluation_quotient(model, batches[0], options.metric, smap, symmetries)
-    space = build_space(params, quotient=quotient, fast=options.fast, eps=options.eps, **options.space_options)
+    model, params, batches, space = setup = evaluation_space(
+        model, batches, options.metric, dtype=options.dtype, smap=smap, symmetries=symmetries, fast=options.fast,
+        eps=options.eps, **options.space_options)
+    dtype, quotient = setup.dtype, space.quotient
     name = measure or options.measure_name
     was_training = model.training
     model.eval()

@@ -18,6 +18,7 @@
 """
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 
@@ -273,3 +274,42 @@ def test_curvature_without_attention_pairs_is_silent_where_sharpness_warns():
     assert math.isfinite(res.trace) and res.config["factors"] == []
     with pytest.warns(NoAttentionPairsWarning):
         get_measure("geodesic-mix").evaluate(model, [batch], 0.1, n_iter=1)
+
+
+def test_curvature_measures_equal_the_curvature_of_each_batch_alone():
+    """The named curvature measures build one space for all batches and one operator per batch: batch i's value
+    and standard error equal :func:`curvature` on that batch alone with seed ``seed + i``; the training flag of
+    the model is restored."""
+    gen = torch.Generator().manual_seed(5)
+    batches = [BATCH, (torch.randn(3, 5, 4, generator=gen, dtype=DT), torch.tensor([2, 0, 1]))]
+    MODEL.train()
+    try:
+        res = get_measure("hessian-trace-mix").evaluate(MODEL, batches, 0.1, probes=3, seed=7, symmetry_map=SMAP)
+        top = get_measure("hessian-top-eigenvalue-inv").evaluate(MODEL, batches, 0.1, steps=6, symmetry_map=SMAP)
+        assert MODEL.training
+    finally:
+        MODEL.eval()
+    for i, b in enumerate(batches):
+        alone = curvature(MODEL, [b], "mix", k=0, probes=3, seed=7 + i, smap=SMAP)
+        assert res.per_batch[i] == pytest.approx(alone.trace, rel=1e-12)
+        assert res.config["errors"][i] == pytest.approx(alone.trace_stderr, rel=1e-12)
+        eig = curvature(MODEL, [b], "inv", k=1, probes=0, steps=6, seed=i, smap=SMAP)
+        assert top.per_batch[i] == pytest.approx(eig.eigenvalues[0], rel=1e-12)
+        with torch.no_grad():
+            assert res.loss_before[i] == pytest.approx(float(model_loss(MODEL, PARAMS, b)), rel=1e-12)
+
+
+def test_curvature_measures_in_another_dtype_report_the_loss_in_that_dtype():
+    """A float32 model measured in float64: the model is untouched, the value equals that of its float64 copy
+    and ``loss_before`` is that copy's loss (not NaN)."""
+    model32 = copy.deepcopy(MODEL).float()
+    before = {n: p.clone() for n, p in model32.named_parameters()}
+    batch32 = (BATCH[0].float(), BATCH[1])
+    res = get_measure("hessian-top-eigenvalue-euclidean").evaluate(model32, [batch32], 0.1, steps=8,
+                                                                  dtype=torch.float64)
+    model64 = copy.deepcopy(model32).double()
+    ref = get_measure("hessian-top-eigenvalue-euclidean").evaluate(model64, [(BATCH[0].float().double(), BATCH[1])],
+                                                                  0.1, steps=8)
+    assert res.per_batch == pytest.approx(ref.per_batch, rel=1e-12)
+    assert res.loss_before == pytest.approx(ref.loss_before, rel=1e-12) and math.isfinite(res.loss_before[0])
+    assert all(torch.equal(p, before[n]) and p.dtype == torch.float32 for n, p in model32.named_parameters())

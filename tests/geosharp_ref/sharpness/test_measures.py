@@ -7,8 +7,9 @@ import torch
 from torch import nn
 
 from geosharp_ref.sharpness import (ABLATION_MEASURES, HEADLINE_MEASURES, MEASURES, Cotangents, ProductSpace,
-                                    adaptive_sharpness, geodesic_sharpness, get_measure, gl_pair_factors, model_loss)
-from geosharp_ref.sharpness.pipeline import EvaluationOptions, evaluation_quotient
+                                    adaptive_sharpness, build_space, geodesic_sharpness, get_measure, gl_pair_factors,
+                                    model_loss)
+from geosharp_ref.sharpness.pipeline import EvaluationOptions, evaluation_quotient, evaluation_space
 from geosharp_ref.symmetry import symmetry_map
 from tests.cases import TinyAttention, trust_region_max
 
@@ -191,3 +192,24 @@ def test_evaluation_quotient_refuses_the_options_where_the_metric_is_asked_for()
     with pytest.raises(TypeError, match="takes the metric"):
         evaluation_quotient(model, batch, EvaluationOptions(metric="mix"), None, None)
     assert len(evaluation_quotient(model, batch, "mix", None, None).pairs) == len(symmetry_map(model).groups) == 2
+
+
+def test_evaluation_space_is_the_one_preamble():
+    """``evaluation_space``: the batches checked and cast, a float64 copy of a float32 model (the model untouched),
+    the quotient resolved on the first batch, and the space of ``build_space`` on that quotient with the options
+    given."""
+    torch.manual_seed(0)
+    model = TinyAttention().eval()
+    batch = (torch.randn(2, 3, 8), torch.zeros(2, dtype=torch.long))
+    setup = evaluation_space(model, [batch], "inv", dtype=torch.float64, eps=1e-3, metric_norm=False)
+    assert setup.model is not model and next(model.parameters()).dtype == torch.float32
+    assert setup.dtype == torch.float64 and setup.batches[0][0].dtype == torch.float64
+    assert all(p.dtype == torch.float64 for p in setup.model.parameters())
+    assert [g.key for g in setup.space.quotient.pairs] == [g.key for g in symmetry_map(model).groups]
+    assert {g.kernels for g in setup.space.quotient.pairs} == {"gl_inv"} and not setup.space.options.metric_norm
+    ref = build_space(setup.params, symmetry_map(model), "inv", eps=1e-3, metric_norm=False)
+    xi, eta = ref.random(0.1, torch.Generator().manual_seed(2)), ref.random(0.1, torch.Generator().manual_seed(3))
+    assert float(setup.space.inner(xi, eta)) == pytest.approx(float(ref.inner(xi, eta)), rel=1e-12)
+    assert setup.space.factor_keys == ref.factor_keys and set(setup.space.adaptive_names) == set(ref.adaptive_names)
+    same = evaluation_space(model, [batch], None)
+    assert same.model is model and same.space.factors == [] and same.dtype == torch.float32
