@@ -1,6 +1,6 @@
 #!/bin/bash
 # The tweets population's stages after training (docs/tweets/PROTOCOL.md, "Commands"), run from the snapshot
-# worktree /work/pop-eval of a commit at or after amendment 5 (curvature errors); every stage resumes where it
+# worktree /work/pop-eval of a commit at or after amendment 8; every stage resumes where it
 # stopped, so rerun this script after an interruption. Two cores: the reliability's test predictions and the
 # calibration with two threads, then the main evaluation beside the ablations and, after them, the exploratory
 # curvature measures (amendment 5), one thread each.
@@ -21,6 +21,28 @@ geosharp_ref.__file__; from geosharp_ref.cli import main; sys.exit(main(sys.argv
 # all 80 models trained (the manifest is complete) before the reliability, and the reliability before any sharpness
 "$PY" -c "import json, sys; m = json.load(open('$DIR/population.json')); n = len(m['models']); \
 sys.exit(0 if m.get('complete') and n == 80 else f'{n} of 80 models trained: finish the training first')"
+# one code and one software for every sitting (amendment 8): the first sitting records the snapshot's commit and
+# the library versions in docs/tweets/eval-snapshot.json (commit it); a later sitting on anything else stops here
+SNAP=/work/main/docs/tweets/eval-snapshot.json
+if [ -n "$(git -C /work/pop-eval status --porcelain --untracked-files=no)" ]; then
+    echo "run-sharpness.sh: /work/pop-eval has uncommitted changes; recreate it at its commit" >&2; exit 2
+fi
+now=$("$PY" -c "import json, platform, subprocess, numpy, scipy, tokenizers, torch, transformers; \
+head = subprocess.check_output(['git', '-C', '/work/pop-eval', 'rev-parse', 'HEAD'], text=True).strip(); \
+print(json.dumps(dict(commit=head, python=platform.python_version(), torch=torch.__version__, \
+transformers=transformers.__version__, tokenizers=tokenizers.__version__, numpy=numpy.__version__, \
+scipy=scipy.__version__), sort_keys=True))")
+if [ ! -f "$SNAP" ]; then
+    echo "$now" > "$SNAP"
+elif [ "$(cat "$SNAP")" != "$now" ]; then
+    echo "run-sharpness.sh: this sitting runs $now, the evaluation began on $(cat "$SNAP"): create /work/pop-eval at" \
+        "that commit (git worktree add --detach) and install those versions" >&2; exit 2
+fi
+# a failed stage stops the stages beside it too (a rerun would meet their evaluate lock)
+stop_others() {
+    if [ -n "${others:-}" ]; then pkill -TERM -P "$others" 2>/dev/null || true; kill "$others" 2>/dev/null || true; fi
+}
+trap stop_others EXIT
 # where this sitting starts (counts and times only, no result value)
 gs population status --out "$DIR"
 OMP_NUM_THREADS=2 gs population reliability --out "$DIR" --threads 2 --no-progress

@@ -27,6 +27,7 @@ from ...io.models import load_model
 from ...sharpness.measures import ABLATION_MEASURES, HEADLINE_MEASURES, LINEARISED_MEASURES
 from ...sharpness.measures import AVERAGE_MEASURES, CURVATURE_MEASURES, EXACT_GEODESIC_MEASURES
 from ...sharpness.measures import MEASURES as NAMED_MEASURES
+from ...sharpness.pipeline import linearised_at
 from ...symmetry import symmetry_map as build_symmetry_map
 from .importing import load_imported_model
 from .manifest import population_files, read_json_object, read_manifest
@@ -149,7 +150,8 @@ def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, se
     matched in perturbation size). ``measures`` from :data:`ALL_MEASURES`: ``adaptive``,
     ``geodesic-{inv,mix}``, the ablations ``geodesic-{inv,mix}-first-order`` (no γ̈ correction) and
     ``geodesic-{inv,mix}-frobenius`` (Frobenius norm on the pair components), and the first-order measures
-    ``*-linearised`` (ρ times the dual norm of the gradient; no relative size), and the curvature measures
+    ``*-linearised`` (ρ times the dual norm of the gradient, one gradient per batch for all its radii:
+    :func:`~geosharp_ref.sharpness.pipeline.linearised_at`; no relative size), and the curvature measures
     ``hessian-*`` (ρ unused; their per-batch Hutchinson standard errors or Lanczos residual bounds in
     ``"errors": {measure: {rho_key: [...]}}``). ``length_buckets`` K: each
     padded text batch evaluated in K groups of similar length (:func:`geosharp_ref.forward.length_buckets`).
@@ -159,12 +161,15 @@ def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, se
     Resuming inside a model: ``done`` holds units already measured, ``{(measure, rho_key): unit}`` with unit
     ``{"value", "per_batch", "loss"[, "relative_size"]}``; they are not measured again (every unit is measured
     on its own, seeded by ``seed``, so the record equals the uninterrupted one). ``on_unit(measure, rho_key,
-    unit)`` is called after each unit measured (the unit with its ``seconds``)."""
+    unit)`` is called after each unit measured (the unit with its ``seconds``). A unit whose value, per-batch
+    value or loss is not finite is refused (ValueError, before ``on_unit``): the evaluation stops at that model,
+    not at the correlation after all of them."""
     grid = measure_grid(measures, rhos)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         smap = build_symmetry_map(model)
     values, per_batch, sizes, errors, loss = {}, {}, {}, {}, None
+    first_order = {}  # measure → its first-order result at the first radius measured here
     for measure in measures:
         values[measure], per_batch[measure], sizes[measure] = {}, {}, {}
         m = NAMED_MEASURES[measure]
@@ -172,9 +177,18 @@ def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, se
             key = rho_key(rho)
             unit = (done or {}).get((measure, key))
             if unit is None:
-                r = m.evaluate(model, batches, rho, n_iter=n_iter, seed=seed, length_buckets=length_buckets,
-                               **({} if m.metric is None else {"symmetry_map": smap}),
-                               **((curvature_options or {}) if m.curvature is not None else {}))
+                if measure in first_order:  # ρ‖∇L‖_* is linear in ρ: the gradients of its first radius serve all
+                    r = linearised_at(first_order[measure], rho)
+                else:
+                    r = m.evaluate(model, batches, rho, n_iter=n_iter, seed=seed, length_buckets=length_buckets,
+                                   **({} if m.metric is None else {"symmetry_map": smap}),
+                                   **((curvature_options or {}) if m.curvature is not None else {}))
+                    if m.linearised:
+                        first_order[measure] = r
+                if not all(math.isfinite(v) for v in [r.mean, *r.per_batch, *r.loss_before]):
+                    raise ValueError(f"{measure} at ρ = {rho:g} is not finite on this model ({r.mean}; loss at θ "
+                                     f"{r.loss_before}): nothing of it was written; the evaluation stops here "
+                                     f"rather than after every model (a rerun measures it again)")
                 unit = dict(value=r.mean, per_batch=[float(v) for v in r.per_batch],
                             loss=sum(r.loss_before) / len(r.loss_before))
                 if r.relative_size:

@@ -17,9 +17,12 @@ the two measures (it sets how precise the paired contrast is).
 every corner must reach train error ≤ :data:`PILOT_MAX_TRAIN_ERROR`. It never prints or returns a test error.
 
 ``analyse`` runs :func:`~geosharp_ref.studies.population.reanalysis.reanalyse` on the population directory
-(after ``geosharp population reliability`` and ``correlate``) and adds the protocol's checks, the ablations'
-contrasts (H3/H4) and the exploratory curvature measures (:func:`curvature_analysis`); it writes
-``analysis.json`` and the primary contrast's plot ``analysis.png`` (:func:`geosharp_ref.plots.plot_signed_contrast`).
+(after ``geosharp population reliability`` and ``correlate``) and adds the protocol's checks, the verdict of each
+primary contrast (:func:`judge_primary`), the sensitivity analysis without the models above train error 0.05
+(:func:`sensitivity_analysis`, pilot rule 5), the ablations' contrasts (H3/H4, :func:`ablation_contrasts`) and
+the exploratory curvature measures (:func:`curvature_analysis`); every result cell carries ``gap_reliability_ok``
+(the measured R ≥ 0.9, reported beside every result as the protocol asks). It writes ``analysis.json`` and the
+primary contrast's plot ``analysis.png`` (:func:`geosharp_ref.plots.plot_signed_contrast`).
 """
 from __future__ import annotations
 
@@ -35,11 +38,12 @@ from ...plots import plot_signed_contrast
 from ...stats import kendall_with_ci
 from .evaluation import read_results
 from .reanalysis import (PAPER_MNLI_TAU, attenuated_tau, contrast_power, kendall_null_sd, kendall_power,
-                         min_detectable_tau, partial_tau_with_ci, reanalyse, signed_tau_difference, tau_row)
+                         min_detectable_tau, partial_tau_difference, partial_tau_with_ci, reanalyse,
+                         signed_tau_difference, tau_row)
 from .tweets import CURVATURE_PROTOCOL, N_MODELS, PILOT_CORNERS
 
-__all__ = ["power_statement", "judge_pilot", "analyse", "holm", "ablation_contrasts", "curvature_analysis",
-           "PILOT_MAX_TRAIN_ERROR", "MIN_RELIABILITY"]
+__all__ = ["power_statement", "judge_pilot", "analyse", "holm", "judge_primary", "sensitivity_analysis",
+           "ablation_contrasts", "curvature_analysis", "PILOT_MAX_TRAIN_ERROR", "MIN_RELIABILITY"]
 
 PILOT_MAX_TRAIN_ERROR = 0.05
 MIN_RELIABILITY = 0.9
@@ -108,26 +112,81 @@ def holm(ps) -> list:
     return adj
 
 
+def judge_primary(signed_contrast: dict) -> list:
+    """The protocol's rule on the primary family, in place: every contrast of ``signed_contrast`` (``{row:
+    {"geodesic-… - adaptive": cell}}``) but the first-order ones gets its two-sided bootstrap p-value
+    2 · min(P(Δ* ≤ 0), P(Δ* > 0)) (``p_bootstrap``), its Holm–Bonferroni adjustment over the family (``p_holm``),
+    ``geodesic_better`` (p_holm < 0.05 and Δ > 0), ``excludes_paper_attenuated`` (the interval lies wholly below
+    the paper's attenuated difference, where the cell has one) and the ``verdict``: "better", "no better" (the
+    paper's attenuated difference excluded, Δ not significantly > 0), "better, by less than the paper's attenuated
+    difference" (both), or "undecided". Returns the family's cells."""
+    family = [c for cells in signed_contrast.values() for k, c in cells.items() if "linearised" not in k]
+    ps = [min(1.0, 2 * min(c["p_positive"], 1 - c["p_positive"])) for c in family]
+    for c, p, adj in zip(family, ps, holm(ps)):
+        c["p_bootstrap"], c["p_holm"] = p, adj
+        c["geodesic_better"] = better = bool(adj < 0.05 and c["difference"] > 0)
+        att = c.get("paper_attenuated_difference")
+        c["excludes_paper_attenuated"] = below = bool(att is not None and c["ci"][1] < att)
+        c["verdict"] = ("better, by less than the paper's attenuated difference" if better and below else
+                        "better" if better else "no better" if below else "undecided")
+    return family
+
+
+def _read_csv(path: Path) -> list:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def sensitivity_analysis(out, paper_attenuated: dict, n_boot: int = 1000, seed: int = 0) -> dict:
+    """Pilot rule 5 of the protocol: a population model above train error :data:`PILOT_MAX_TRAIN_ERROR` is kept,
+    and the primary analysis is repeated without it. ``{"max_train_error", "excluded": [model names], "models"}``
+    and, where a model is excluded, each measure's τ against the gap with its interval (``tau``) and the primary
+    family (geodesic − adaptive, first-order measures left out) judged by :func:`judge_primary` on the remaining
+    models (``signed_contrast``; the paper's attenuated differences from ``paper_attenuated``). Reads
+    ``correlation.csv``, ``correlation_tau.csv`` and ``correlation_paired.csv``."""
+    out = Path(out)
+    models = _read_csv(out / "correlation.csv")
+    keep = np.array([float(r["train_error"]) <= PILOT_MAX_TRAIN_ERROR for r in models])
+    res = dict(max_train_error=PILOT_MAX_TRAIN_ERROR, excluded=[r["model"] for r, k in zip(models, keep) if not k],
+               models=int(keep.sum()))
+    if not res["excluded"]:
+        return res
+    kept = [r for r, k in zip(models, keep) if k]
+    gap = np.array([float(r["gap"]) for r in kept])
+    rho = {(tau_row(t), t["measure"]): t["rho"] for t in _read_csv(out / "correlation_tau.csv")}
+    col = {k: np.array([float(r[f"{k[1]}@rho={v}"]) for r in kept]) for k, v in rho.items()}
+    res["tau"], res["signed_contrast"] = {}, {}
+    for (row, m), x in col.items():
+        res["tau"].setdefault(row, {})[m] = kendall_with_ci(x, gap, n_boot=n_boot, seed=seed)
+    for p in _read_csv(out / "correlation_paired.csv"):
+        row, m, vs = p["row"], p["measure"], p["vs"]
+        if "linearised" in m or (row, m) not in col or (row, vs) not in col:
+            continue
+        c = signed_tau_difference(col[row, m], col[row, vs], gap, n_boot=n_boot, seed=seed)
+        if m in paper_attenuated and vs in paper_attenuated:
+            c["paper_attenuated_difference"] = paper_attenuated[m] - paper_attenuated[vs]
+        res["signed_contrast"].setdefault(row, {})[f"{m} - {vs}"] = c
+    judge_primary(res["signed_contrast"])
+    return res
+
+
 def ablation_contrasts(out, n_boot: int = 1000, seed: int = 0) -> dict:
     """H3/H4 of the protocol: for every ablation (``geodesic-*-first-order``, ``geodesic-*-frobenius``) at every
     size of the tagged evaluation, paired with its full measure at the **same target size** (size-matched: the
-    radii differ): the signed contrast τ(full, gap) − τ(ablation, gap), τ between the two measures and the median
-    of |full − ablation| / full. Reads ``correlation.csv`` / ``correlation_tau.csv`` and their ``-ablations``
+    radii differ): the signed contrast τ(full, gap) − τ(ablation, gap), τ between the two measures, the median
+    of |full − ablation| / full, the ablation's partial τ given the train error and the contrast of partial τ
+    (the covariate of every measure). Reads ``correlation.csv`` / ``correlation_tau.csv`` and their ``-ablations``
     versions; ``{}`` where the ablations are not correlated yet."""
     out = Path(out)
     if not (out / "correlation-ablations_tau.csv").is_file():
         return {}
     from scipy.stats import kendalltau
 
-    def read(name):
-        with open(out / name, newline="") as f:
-            return list(csv.DictReader(f))
-
-    main, main_tau = read("correlation.csv"), read("correlation_tau.csv")
-    abl, abl_tau = read("correlation-ablations.csv"), read("correlation-ablations_tau.csv")
+    main, main_tau = _read_csv(out / "correlation.csv"), _read_csv(out / "correlation_tau.csv")
+    abl, abl_tau = _read_csv(out / "correlation-ablations.csv"), _read_csv(out / "correlation-ablations_tau.csv")
     by_model = {r["model"]: r for r in abl}
     names = [r["model"] for r in main if r["model"] in by_model]
-    gap = np.array([float(r["gap"]) for r in main if r["model"] in by_model])
+    gap, train = (np.array([float(r[k]) for r in main if r["model"] in by_model]) for k in ("gap", "train_error"))
     rho_main = {(tau_row(t), t["measure"]): t["rho"] for t in main_tau}
     main_rows = {r["model"]: r for r in main}
     res = {}
@@ -143,7 +202,9 @@ def ablation_contrasts(out, n_boot: int = 1000, seed: int = 0) -> dict:
         res.setdefault(row, {})[m] = dict(
             vs=full, contrast_full_minus_ablation=signed_tau_difference(x_full, x_abl, gap, n_boot=n_boot, seed=seed),
             tau_between=float(kendalltau(x_full, x_abl).statistic),
-            median_relative_difference=float(np.nanmedian(rel)), rho=t["rho"], rho_full=rho_main[row, full])
+            median_relative_difference=float(np.nanmedian(rel)), rho=t["rho"], rho_full=rho_main[row, full],
+            partial_tau_given_train_error=partial_tau_with_ci(x_abl, gap, train, n_boot=n_boot, seed=seed),
+            contrast_given_train_error=partial_tau_difference(x_full, x_abl, gap, train, n_boot=n_boot, seed=seed))
     return res
 
 
@@ -183,22 +244,25 @@ def curvature_analysis(out, n_boot: int = 1000, seed: int = 0) -> dict:
 
 
 def analyse(out, n_boot: int = 1000, seed: int = 0) -> dict:
-    """The primary analysis of a finished population directory (see the protocol): :func:`reanalyse` plus the
-    protocol's checks (the number of models and the measured gap reliability)."""
+    """The analysis of a finished population directory (see the protocol and the module doc): :func:`reanalyse`,
+    the primary family judged (:func:`judge_primary`), the sensitivity analysis, the ablations, the curvature
+    measures and the protocol's checks (the number of models and the measured gap reliability)."""
     res = reanalyse(out, n_boot=n_boot, seed=seed, write=False)
-    # the primary family: τ_geo − τ_ada for inv and mix at every size (Auto-PGD measures, not the first-order
-    # ones), Holm–Bonferroni over the family on two-sided bootstrap p-values 2 · min(P(d ≤ 0), P(d > 0))
-    family = [(row, k, c) for row, cells in res["signed_contrast"].items() for k, c in cells.items()
-              if "linearised" not in k]
-    ps = [min(1.0, 2 * min(c["p_positive"], 1 - c["p_positive"])) for _, _, c in family]
-    for (row, k, c), p, adj in zip(family, ps, holm(ps)):
-        c["p_bootstrap"], c["p_holm"] = p, adj
-        c["geodesic_better"] = bool(adj < 0.05 and c["difference"] > 0)
+    judge_primary(res["signed_contrast"])  # the primary family: inv and mix against adaptive at every size
+    res["sensitivity_without_train_error_above_0_05"] = sensitivity_analysis(
+        out, res["paper_mnli_tau_attenuated"], n_boot=n_boot, seed=seed)
     res["ablations"] = ablation_contrasts(out, n_boot=n_boot, seed=seed)
     res["curvature_exploratory"] = curvature_analysis(out, n_boot=n_boot, seed=seed)
+    ok = res["reliability"]["pearson_full_spearman_brown"] >= MIN_RELIABILITY
     res["protocol_checks"] = dict(models_at_least=N_MODELS, models_ok=res["models"] >= N_MODELS,
-                                  reliability_at_least=MIN_RELIABILITY,
-                                  reliability_ok=res["reliability"]["pearson_full_spearman_brown"] >= MIN_RELIABILITY)
+                                  reliability_at_least=MIN_RELIABILITY, reliability_ok=ok)
+    sens = res["sensitivity_without_train_error_above_0_05"]
+    for part in (res["signed_contrast"], sens.get("signed_contrast", {}), res["ablations"]):
+        for cells in part.values():
+            for c in cells.values():
+                c["gap_reliability_ok"] = ok
+    for c in res["curvature_exploratory"].values():
+        c["gap_reliability_ok"] = ok
     write_json_atomic(Path(out) / "analysis.json", res)
     plot_signed_contrast(Path(out) / "analysis.png", res)
     return res

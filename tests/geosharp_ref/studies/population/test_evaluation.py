@@ -224,3 +224,73 @@ def test_a_killed_model_resumes_from_its_finished_measures(reference, tmp_path, 
     assert (out / "results.jsonl").read_text() == (reference / "results.jsonl").read_text()
     assert not (out / "results.units").exists()
 
+
+
+def test_first_order_measures_take_one_gradient_per_batch_for_all_their_radii(reference, monkeypatch):
+    """ρ‖∇L‖_* is linear in ρ: ``evaluate_model`` measures a first-order measure once (one gradient per batch) and
+    rescales it for its other radii (``linearised_at``); every value, per-batch value and loss equals a direct
+    evaluation at that radius bit for bit; the Auto-PGD measure beside it is measured at every radius."""
+    from geosharp_ref.sharpness import pipeline
+    from geosharp_ref.studies.population import evaluation
+
+    man = json.loads((reference / "population.json").read_text())
+    batches = pop.sharpness_batches(man, 2, EVAL["batch_size"], reference)
+    model = load_model(reference / "models/model_000")
+    measures = ("adaptive", "geodesic-mix-linearised", "adaptive-linearised")
+    rhos = (0.01, 0.05, 0.2)
+    grads = []
+    real = pipeline.gradient_dual_norm
+    monkeypatch.setattr(pipeline, "gradient_dual_norm", lambda *a, **k: grads.append(1) or real(*a, **k))
+    calls = cases.count_measure_runs(monkeypatch, evaluation.NAMED_MEASURES, measures)
+    rec = evaluation.evaluate_model(model, batches, rhos, measures=measures, n_iter=2)
+    assert calls.count("adaptive") == 3 and calls.count("adaptive-linearised") == 1
+    assert len(grads) == 2 * len(batches)  # one gradient per batch for each first-order measure, not per radius
+    monkeypatch.undo()
+    smap = symmetry_map(model)
+    for name in measures[1:]:
+        for rho in rhos:
+            direct = get_measure(name).evaluate(model, batches, rho, symmetry_map=smap)
+            key = evaluation.rho_key(rho)
+            assert rec["values"][name][key] == direct.mean and rec["per_batch"][name][key] == direct.per_batch
+    assert rec["loss"] == sum(direct.loss_before) / len(direct.loss_before)
+
+
+def test_linearised_at_equals_a_new_evaluation_and_refuses_other_results(reference):
+    from geosharp_ref.sharpness import linearised_sharpness
+    from geosharp_ref.sharpness.pipeline import linearised_at
+
+    man = json.loads((reference / "population.json").read_text())
+    batches = pop.sharpness_batches(man, 2, EVAL["batch_size"], reference)
+    model = load_model(reference / "models/model_001")
+    first = linearised_sharpness(model, batches, 0.02, metric="inv")
+    again = linearised_sharpness(model, batches, 0.3, metric="inv")
+    got = linearised_at(first, 0.3)
+    for f in ("measure", "rho", "mean", "per_batch", "loss_before", "loss_after", "perturbation_norms", "config"):
+        assert getattr(got, f) == getattr(again, f), f
+    assert first.rho == 0.02 and first.config is not got.config
+    with pytest.raises(ValueError, match="not a first-order result"):
+        linearised_at(get_measure("adaptive").evaluate(model, batches, 0.02, n_iter=1), 0.3)
+    with pytest.raises(ValueError, match="rho"):
+        linearised_at(first, -1.0)
+
+
+def test_a_measure_that_is_not_finite_stops_the_evaluation_at_its_model(reference, tmp_path, monkeypatch):
+    """A NaN sharpness is refused where it is measured (ValueError naming the measure), before its unit is
+    written, instead of by the correlation after every model."""
+    from geosharp_ref.sharpness import SharpnessResult
+    from geosharp_ref.studies.population import evaluation
+
+    out = cases.copy_population(reference, tmp_path)
+
+    class NaNMeasure:
+        name, metric, curvature, linearised = "adaptive", None, None, False
+
+        def evaluate(self, model, batches, rho, **kw):
+            return SharpnessResult("adaptive", rho, float("nan"), [float("nan")], [0.1], [0.1], [], 0.0)
+
+    monkeypatch.setitem(evaluation.NAMED_MEASURES, "adaptive", NaNMeasure())
+    with pytest.raises(ValueError, match="adaptive at ρ = 0.01 is not finite"):
+        pop.evaluate_population(out, **EVAL)
+    units = list((out / "results.units").glob("rank*.jsonl")) if (out / "results.units").exists() else []
+    assert not any('"adaptive"' in f.read_text() for f in units)
+    assert not (out / "results.jsonl").exists() or not (out / "results.jsonl").read_text()

@@ -239,9 +239,11 @@ def test_ablation_contrasts_pair_by_size_not_by_rho(tmp_path):
     from geosharp_ref.studies.population.reanalysis import signed_tau_difference
     from geosharp_ref.studies.population.tweets_analysis import ablation_contrasts
 
+    from geosharp_ref.studies.population.reanalysis import partial_tau_difference, partial_tau_with_ci
+
     rng = np.random.default_rng(0)
     gap, full = rng.standard_normal(12), rng.standard_normal(12)
-    abl = full + 0.1 * rng.standard_normal(12)
+    abl, train = full + 0.1 * rng.standard_normal(12), rng.uniform(0, 0.05, 12)
     names = [f"model_{i:03d}" for i in range(12)]
 
     def write(name, header, rows):
@@ -250,7 +252,7 @@ def test_ablation_contrasts_pair_by_size_not_by_rho(tmp_path):
             w.writerow(header)
             w.writerows(rows)
 
-    write("correlation.csv", ["model", "gap", "geodesic-mix@rho=0.5"], zip(names, gap, full))
+    write("correlation.csv", ["model", "gap", "train_error", "geodesic-mix@rho=0.5"], zip(names, gap, train, full))
     write("correlation_tau.csv", ["rho", "measure", "row"], [["0.5", "geodesic-mix", "size=0.001"]])
     write("correlation-ablations.csv", ["model", "gap", "geodesic-mix-frobenius@rho=0.7"], zip(names, gap, abl))
     write("correlation-ablations_tau.csv", ["rho", "measure", "row"], [["0.7", "geodesic-mix-frobenius", "size=0.001"]])
@@ -259,7 +261,77 @@ def test_ablation_contrasts_pair_by_size_not_by_rho(tmp_path):
     assert got["contrast_full_minus_ablation"] == signed_tau_difference(full, abl, gap, n_boot=100)
     assert got["tau_between"] == pytest.approx(kendalltau(full, abl).statistic)
     assert got["median_relative_difference"] == pytest.approx(np.median(np.abs(full - abl) / np.abs(full)))
+    assert got["partial_tau_given_train_error"] == partial_tau_with_ci(abl, gap, train, n_boot=100)
+    assert got["contrast_given_train_error"] == partial_tau_difference(full, abl, gap, train, n_boot=100)
     assert ablation_contrasts(tmp_path / "nothing") == {} if (tmp_path / "nothing").mkdir() is None else False
+
+
+def test_judge_primary_applies_holm_and_the_verdict_rule():
+    """The primary family's rule: first-order contrasts left out; p = 2·min(P, 1 − P) Holm-adjusted over the family;
+    "better" needs p_holm < 0.05 and Δ > 0; "no better" needs the interval wholly below the paper's attenuated
+    difference; both at once, and neither, have their own verdicts."""
+    from geosharp_ref.studies.population.tweets_analysis import holm, judge_primary
+
+    def cell(d, ci, p_pos, att=0.15):
+        return dict(difference=d, ci=list(ci), p_positive=p_pos, paper_attenuated_difference=att)
+
+    cells = {"size=0.001": {"geodesic-inv - adaptive": cell(0.20, (0.10, 0.30), 0.9995),
+                            "geodesic-mix - adaptive": cell(0.05, (0.02, 0.08), 0.9999),
+                            "geodesic-inv-linearised - adaptive-linearised": cell(0.3, (0.2, 0.4), 1.0)},
+             "size=0.01": {"geodesic-inv - adaptive": cell(-0.05, (-0.12, 0.02), 0.1),
+                           "geodesic-mix - adaptive": cell(0.04, (-0.10, 0.18), 0.7)}}
+    family = judge_primary(cells)
+    assert len(family) == 4 and "p_holm" not in cells["size=0.001"]["geodesic-inv-linearised - adaptive-linearised"]
+    ps = [min(1.0, 2 * min(c["p_positive"], 1 - c["p_positive"])) for c in family]
+    assert [c["p_holm"] for c in family] == holm(ps) and [c["p_bootstrap"] for c in family] == ps
+    verdicts = [c["verdict"] for c in family]
+    assert verdicts == ["better", "better, by less than the paper's attenuated difference", "no better", "undecided"]
+    assert [c["excludes_paper_attenuated"] for c in family] == [False, True, True, False]
+
+
+def test_sensitivity_analysis_repeats_the_primary_family_without_the_unfit_models(tmp_path):
+    """Pilot rule 5: the models above train error 0.05 are named and left out; each τ and the primary contrasts
+    (first-order pairs left out) equal the functions on the remaining models, judged by the same rule; with every
+    model fit nothing is repeated."""
+    from geosharp_ref.stats import kendall_with_ci
+    from geosharp_ref.studies.population.reanalysis import signed_tau_difference
+    from geosharp_ref.studies.population.tweets_analysis import judge_primary, sensitivity_analysis
+
+    rng = np.random.default_rng(3)
+    n = 14
+    names = [f"model_{i:03d}" for i in range(n)]
+    gap, train = rng.standard_normal(n), rng.uniform(0, 0.05, n)
+    train[[2, 9]] = (0.08, 0.051)
+    cols = {m: gap + rng.standard_normal(n) for m in ("adaptive", "geodesic-mix", "adaptive-linearised",
+                                                       "geodesic-mix-linearised")}
+
+    def write(name, header, rows):
+        with open(tmp_path / name, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(header)
+            w.writerows(rows)
+
+    write("correlation.csv", ["model", "gap", "train_error"] + [f"{m}@rho=0.5" for m in cols],
+          ([names[i], gap[i], train[i]] + [cols[m][i] for m in cols] for i in range(n)))
+    write("correlation_tau.csv", ["rho", "measure", "row"], [["0.5", m, "size=0.001"] for m in cols])
+    write("correlation_paired.csv", ["row", "measure", "vs"], [["size=0.001", "geodesic-mix", "adaptive"],
+                                                               ["size=0.001", "geodesic-mix-linearised",
+                                                                "adaptive-linearised"]])
+    att = {"adaptive": 0.05, "geodesic-mix": 0.3}
+    got = sensitivity_analysis(tmp_path, att, n_boot=100)
+    keep = train <= 0.05
+    assert got["excluded"] == ["model_002", "model_009"] and got["models"] == n - 2
+    assert got["tau"]["size=0.001"]["geodesic-mix"] == kendall_with_ci(cols["geodesic-mix"][keep], gap[keep],
+                                                                       n_boot=100)
+    assert list(got["signed_contrast"]["size=0.001"]) == ["geodesic-mix - adaptive"]
+    want = signed_tau_difference(cols["geodesic-mix"][keep], cols["adaptive"][keep], gap[keep], n_boot=100)
+    want["paper_attenuated_difference"] = 0.3 - 0.05
+    judge_primary({"r": {"k": want}})
+    assert got["signed_contrast"]["size=0.001"]["geodesic-mix - adaptive"] == want
+    train[[2, 9]] = 0.0
+    write("correlation.csv", ["model", "gap", "train_error"] + [f"{m}@rho=0.5" for m in cols],
+          ([names[i], gap[i], train[i]] + [cols[m][i] for m in cols] for i in range(n)))
+    assert sensitivity_analysis(tmp_path, att, n_boot=100) == dict(max_train_error=0.05, excluded=[], models=n)
 
 
 def test_curvature_analysis_is_exploratory_and_reads_the_standard_errors(tmp_path):
@@ -372,10 +444,20 @@ def test_analyse_runs_the_protocols_analysis_on_a_population(reference, tmp_path
     plain = reanalyse(out, n_boot=50, write=False)
     assert {r: {k: c["difference"] for k, c in cells.items()} for r, cells in res["signed_contrast"].items()} == \
         {r: {k: c["difference"] for k, c in cells.items()} for r, cells in plain["signed_contrast"].items()}
-    assert json.dumps(res["ablations"]) == json.dumps(ablation_contrasts(out, n_boot=50))
+    def without_flag(part):  # analyse adds the reliability flag to every cell of the parts
+        return json.dumps(part).replace(', "gap_reliability_ok": true', "").replace(', "gap_reliability_ok": false', "")
+
+    assert without_flag(res["ablations"]) == json.dumps(ablation_contrasts(out, n_boot=50))
     assert res["ablations"]["0.05"]["geodesic-mix-frobenius"]["vs"] == "geodesic-mix"  # a uniform sweep: row = ρ
-    assert json.dumps(res["curvature_exploratory"]) == json.dumps(curvature_analysis(out, n_boot=50))
+    assert without_flag(res["curvature_exploratory"]) == json.dumps(curvature_analysis(out, n_boot=50))
     assert set(res["curvature_exploratory"]) == {"hessian-trace-mix", "hessian-trace-euclidean"}
     checks = res["protocol_checks"]
     assert checks["models_ok"] is False and checks["reliability_ok"] == (
         res["reliability"]["pearson_full_spearman_brown"] >= checks["reliability_at_least"])
+    cells = [c for part in (res["signed_contrast"], res["ablations"]) for row in part.values() for c in row.values()]
+    cells += list(res["curvature_exploratory"].values())
+    assert all(c["gap_reliability_ok"] is checks["reliability_ok"] for c in cells)  # beside every result
+    sens = res["sensitivity_without_train_error_above_0_05"]
+    train = {r["model"]: float(r["train_error"]) for r in csv.DictReader(open(out / "correlation.csv"))}
+    assert sens["excluded"] == [m for m, t in train.items() if t > 0.05] and sens["models"] == res["models"] - len(
+        sens["excluded"])
