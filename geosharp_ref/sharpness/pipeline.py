@@ -45,8 +45,9 @@ from .result import SharpnessResult, relative_perturbation
 from .space import GRADIENTS, ProductSpace
 
 __all__ = ["EvaluationOptions", "check_rho", "prepare_inputs", "check_padding_mask", "build_space", "evaluate",
-           "bucket_batches", "check_length_buckets", "gradient_dual_norm", "evaluation_quotient", "evaluation_space", "linearised_at",
-           "EvaluationSpace", "binding_factors", "pair_factors", "MAX_RHO", "PAD_RUN", "NO_PAIRS_MESSAGE"]
+           "bucket_batches", "check_length_buckets", "gradient_dual_norm", "evaluation_quotient", "evaluation_space",
+           "linearised_at", "EvaluationSpace", "binding_factors", "pair_factors", "MAX_RHO", "PAD_RUN",
+           "NO_PAIRS_MESSAGE"]
 
 #: the largest radius accepted: beyond it the perturbation is larger than the weights themselves
 MAX_RHO = 10.0

@@ -6,6 +6,7 @@ before any result, the pilot judge (training behaviour only) and the primary ana
     python -m geosharp_ref.studies.population.tweets_analysis power docs/tweets/power.json
     python -m geosharp_ref.studies.population.tweets_analysis pilot /work/populations/tweets/pilot
     python -m geosharp_ref.studies.population.tweets_analysis analyse DIR
+    python -m geosharp_ref.studies.population.tweets_analysis report DIR
 
 ``power`` simulates (normal model, Greiner's r = sin(πτ/2); :mod:`.reanalysis`): the smallest |τ| a two-sided
 Kendall test at 5 % finds with 80 % power among ``n`` models, the paper's BERT-MNLI τ attenuated by a gap
@@ -21,8 +22,9 @@ every corner must reach train error ≤ :data:`PILOT_MAX_TRAIN_ERROR`. It never 
 primary contrast (:func:`judge_primary`), the sensitivity analysis without the models above train error 0.05
 (:func:`sensitivity_analysis`, pilot rule 5), the ablations' contrasts (H3/H4, :func:`ablation_contrasts`) and
 the exploratory curvature measures (:func:`curvature_analysis`); every result cell carries ``gap_reliability_ok``
-(the measured R ≥ 0.9, reported beside every result as the protocol asks). It writes ``analysis.json`` and the
-primary contrast's plot ``analysis.png`` (:func:`geosharp_ref.plots.plot_signed_contrast`).
+(the measured R ≥ 0.9, reported beside every result as the protocol asks). It writes ``analysis.json``, the
+primary contrast's plot ``analysis.png`` (:func:`geosharp_ref.plots.plot_signed_contrast`) and the Markdown report
+``analysis.md`` (:mod:`~geosharp_ref.studies.population.tweets_report`; ``report`` writes it again).
 """
 from __future__ import annotations
 
@@ -41,12 +43,15 @@ from .reanalysis import (PAPER_MNLI_TAU, attenuated_tau, contrast_power, kendall
                          min_detectable_tau, partial_tau_difference, partial_tau_with_ci, reanalyse,
                          signed_tau_difference, tau_row)
 from .tweets import CURVATURE_PROTOCOL, N_MODELS, PILOT_CORNERS
+from .tweets_report import write_report
 
 __all__ = ["power_statement", "judge_pilot", "analyse", "holm", "judge_primary", "sensitivity_analysis",
            "ablation_contrasts", "curvature_analysis", "PILOT_MAX_TRAIN_ERROR", "MIN_RELIABILITY"]
 
 PILOT_MAX_TRAIN_ERROR = 0.05
 MIN_RELIABILITY = 0.9
+#: the fewest models a sensitivity analysis is computed on (fewer give no Kendall τ worth an interval)
+MIN_SENSITIVITY_MODELS = 5
 
 
 def _min_detectable_contrast(tau_ada: float, between: float, n: int, sims: int, seed: int, power: float = 0.8):
@@ -119,10 +124,14 @@ def judge_primary(signed_contrast: dict) -> list:
     ``geodesic_better`` (p_holm < 0.05 and Δ > 0), ``excludes_paper_attenuated`` (the interval lies wholly below
     the paper's attenuated difference, where the cell has one) and the ``verdict``: "better", "no better" (the
     paper's attenuated difference excluded, Δ not significantly > 0), "better, by less than the paper's attenuated
-    difference" (both), or "undecided". Returns the family's cells."""
+    difference" (both), or "undecided". A contrast whose bootstrap is undefined (too few or tied models) has
+    p-values NaN, counts as p = 1 in the others' adjustment, and is "undecided". Returns the family's cells."""
     family = [c for cells in signed_contrast.values() for k, c in cells.items() if "linearised" not in k]
-    ps = [min(1.0, 2 * min(c["p_positive"], 1 - c["p_positive"])) for c in family]
-    for c, p, adj in zip(family, ps, holm(ps)):
+    ps = [min(1.0, 2 * min(c["p_positive"], 1 - c["p_positive"])) if np.isfinite(c["p_positive"]) else float("nan")
+          for c in family]
+    adjusted = holm([p if np.isfinite(p) else 1.0 for p in ps])  # an undefined contrast counts as p = 1
+    for c, p, adj in zip(family, ps, adjusted):
+        adj = adj if np.isfinite(p) else float("nan")
         c["p_bootstrap"], c["p_holm"] = p, adj
         c["geodesic_better"] = better = bool(adj < 0.05 and c["difference"] > 0)
         att = c.get("paper_attenuated_difference")
@@ -150,6 +159,9 @@ def sensitivity_analysis(out, paper_attenuated: dict, n_boot: int = 1000, seed: 
     res = dict(max_train_error=PILOT_MAX_TRAIN_ERROR, excluded=[r["model"] for r, k in zip(models, keep) if not k],
                models=int(keep.sum()))
     if not res["excluded"]:
+        return res
+    if res["models"] < MIN_SENSITIVITY_MODELS:
+        res["note"] = f"{res['models']} models remain: too few to repeat the analysis"
         return res
     kept = [r for r, k in zip(models, keep) if k]
     gap = np.array([float(r["gap"]) for r in kept])
@@ -265,15 +277,19 @@ def analyse(out, n_boot: int = 1000, seed: int = 0) -> dict:
         c["gap_reliability_ok"] = ok
     write_json_atomic(Path(out) / "analysis.json", res)
     plot_signed_contrast(Path(out) / "analysis.png", res)
+    write_report(out)
     return res
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2 or argv[0] not in ("power", "pilot", "analyse"):
+    if len(argv) != 2 or argv[0] not in ("power", "pilot", "analyse", "report"):
         print(__doc__, file=sys.stderr)
         return 2
     action, path = argv
+    if action == "report":  # analysis.md again from analysis.json (analyse writes it too)
+        print(write_report(path).read_text(), end="")
+        return 0
     if action == "power":
         res = power_statement()
         write_json_atomic(Path(path), res)

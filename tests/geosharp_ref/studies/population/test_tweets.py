@@ -287,6 +287,10 @@ def test_judge_primary_applies_holm_and_the_verdict_rule():
     verdicts = [c["verdict"] for c in family]
     assert verdicts == ["better", "better, by less than the paper's attenuated difference", "no better", "undecided"]
     assert [c["excludes_paper_attenuated"] for c in family] == [False, True, True, False]
+    cells["size=0.01"]["geodesic-mix - adaptive"]["p_positive"] = float("nan")  # an undefined bootstrap
+    family = judge_primary(cells)
+    assert math.isnan(family[3]["p_bootstrap"]) and math.isnan(family[3]["p_holm"])
+    assert family[3]["verdict"] == "undecided" and [c["p_holm"] for c in family[:3]] == holm(ps[:3] + [1.0])[:3]
 
 
 def test_sensitivity_analysis_repeats_the_primary_family_without_the_unfit_models(tmp_path):
@@ -461,3 +465,63 @@ def test_analyse_runs_the_protocols_analysis_on_a_population(reference, tmp_path
     train = {r["model"]: float(r["train_error"]) for r in csv.DictReader(open(out / "correlation.csv"))}
     assert sens["excluded"] == [m for m, t in train.items() if t > 0.05] and sens["models"] == res["models"] - len(
         sens["excluded"])
+    _check_report(out, res)
+
+
+def _check_report(out, res):
+    """analysis.md (written by analyse, again by `report`) holds every primary contrast's row with its values as
+    analysis.json has them, each measure's τ as correlation_tau.csv has it, and the reliability's verdict."""
+    from geosharp_ref.studies.population.tweets_analysis import main
+    from geosharp_ref.studies.population.tweets_report import render_report
+
+    text = (out / "analysis.md").read_text()
+    assert text == render_report(out)
+    lines = text.splitlines()
+    for row, cells in res["signed_contrast"].items():
+        for k, c in cells.items():
+            if "linearised" in k:
+                continue
+            ci = f"[{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}]"
+            want = f"| {row} | {k.replace(' - ', ' − ')} | {c['difference']:+.3f} | {ci} |"
+            hit = [ln for ln in lines if ln.startswith(want)]
+            assert len(hit) == 1 and hit[0].endswith(f"| {c['verdict']} |"), want
+    for t in csv.DictReader(open(out / "correlation_tau.csv")):
+        assert any(ln.startswith(f"| {t['rho']} | {t['measure']} | {float(t['tau']):+.3f} |") for ln in lines)
+    R = res["reliability"]["pearson_full_spearman_brown"]
+    assert f"**R = {R:.3f}**" in text and ("meets the required 0.9" in text) == res["protocol_checks"]["reliability_ok"]
+    (out / "analysis.md").unlink()
+    assert main(["report", str(out)]) == 0 and (out / "analysis.md").read_text() == text
+
+
+def test_report_puts_a_failed_reliability_beside_every_table(tmp_path):
+    """Where R < 0.9 the report says so at the top and in the caption of every table."""
+    from geosharp_ref.studies.population.tweets_report import render_report
+
+    cell = dict(difference=0.1, ci=[-0.05, 0.25], p_bootstrap=0.2, p_holm=0.8, paper_attenuated_difference=0.2,
+                power_for_paper_attenuated=0.5, verdict="undecided")
+    tau = dict(tau=0.1, ci=[-0.1, 0.3], n=80)
+    res = dict(models=80, bootstrap=1000, seed=0, protocol_checks=dict(models_at_least=80, models_ok=True,
+                                                                       reliability_at_least=0.9, reliability_ok=False),
+               reliability=dict(pearson_full_spearman_brown=0.8, n_test=36173, tau_half=0.5),
+               train_error=dict(min=0.0, median=0.01, max=0.04, above_0_05=0, above_0_10=0, tau_vs_gap=tau),
+               signed_contrast={"size=0.001": {"geodesic-mix - adaptive": cell}},
+               partial_tau_given_train_error={"size=0.001": {"geodesic-mix": tau}},
+               power=dict(min_detectable_tau_80=0.2, kendall_null_sd=0.08, paper_attenuated={"adaptive": 0.1}),
+               paper_mnli_tau={"adaptive": 0.06}, paper_mnli_tau_attenuated={"adaptive": 0.05},
+               sensitivity_without_train_error_above_0_05=dict(excluded=[], models=80, max_train_error=0.05),
+               ablations={"size=0.001": {"geodesic-mix-frobenius": dict(
+                   vs="geodesic-mix", contrast_full_minus_ablation=dict(difference=0.0, ci=[0.0, 0.1]),
+                   contrast_given_train_error=dict(difference=0.0, ci=[0.0, 0.1]), tau_between=0.9,
+                   median_relative_difference=0.1)}},
+               curvature_exploratory={"hessian-trace-mix": dict(tau=tau, partial_tau_given_train_error=tau,
+                                                                hutchinson_reliability=0.9)})
+    (tmp_path / "analysis.json").write_text(json.dumps(res))
+    with open(tmp_path / "correlation_tau.csv", "w", newline="") as f:
+        csv.writer(f).writerows([["rho", "measure", "tau", "ci_low", "ci_high", "row", "median_relative_size"],
+                                 ["0.5", "geodesic-mix", "0.1", "-0.1", "0.3", "size=0.001", "0.00101"]])
+    text = render_report(tmp_path)
+    assert "BELOW the required 0.9" in text
+    captions = [ln for ln in text.splitlines() if "is below the required 0.9" in ln]
+    assert len(captions) == 1 + 4  # the top, H1, H2, H3/H4, curvature (nothing excluded: no sensitivity table)
+    assert "| size=0.001 | geodesic-mix | +0.100 | [-0.100, +0.300] | +0.100 | [-0.100, +0.300] | 1.01e-03 |" in text
+    assert "primary analysis above is the sensitivity analysis" in text
