@@ -22,27 +22,43 @@ geosharp_ref.__file__; from geosharp_ref.cli import main; sys.exit(main(sys.argv
 "$PY" -c "import json, sys; m = json.load(open('$DIR/population.json')); n = len(m['models']); \
 sys.exit(0 if m.get('complete') and n == 80 else f'{n} of 80 models trained: finish the training first')"
 # one code and one software for every sitting (amendment 8): the first sitting records the snapshot's commit and
-# the library versions in docs/tweets/eval-snapshot.json (commit it); a later sitting on anything else stops here
+# the library versions in docs/tweets/eval-snapshot.json (commit it) and beside the population (packed with it);
+# a later sitting on anything else, or on a snapshot older than amendment 8, stops here
 SNAP=/work/main/docs/tweets/eval-snapshot.json
-if [ -n "$(git -C /work/pop-eval status --porcelain --untracked-files=no)" ]; then
+dirty=$(git -C /work/pop-eval status --porcelain --untracked-files=no)
+if [ -n "$dirty" ]; then
     echo "run-sharpness.sh: /work/pop-eval has uncommitted changes; recreate it at its commit" >&2; exit 2
+fi
+if ! git -C /work/pop-eval merge-base --is-ancestor df8903e6bcd209dc0999572ba8368f6090db9b20 HEAD; then
+    echo "run-sharpness.sh: /work/pop-eval is older than amendment 8 (df8903e); create it at a later commit" >&2; exit 2
 fi
 now=$("$PY" -c "import json, platform, subprocess, numpy, scipy, tokenizers, torch, transformers; \
 head = subprocess.check_output(['git', '-C', '/work/pop-eval', 'rev-parse', 'HEAD'], text=True).strip(); \
 print(json.dumps(dict(commit=head, python=platform.python_version(), torch=torch.__version__, \
 transformers=transformers.__version__, tokenizers=tokenizers.__version__, numpy=numpy.__version__, \
 scipy=scipy.__version__), sort_keys=True))")
-if [ ! -f "$SNAP" ]; then
-    echo "$now" > "$SNAP"
-elif [ "$(cat "$SNAP")" != "$now" ]; then
-    echo "run-sharpness.sh: this sitting runs $now, the evaluation began on $(cat "$SNAP"): create /work/pop-eval at" \
-        "that commit (git worktree add --detach) and install those versions" >&2; exit 2
-fi
-# a failed stage stops the stages beside it too (a rerun would meet their evaluate lock)
-stop_others() {
-    if [ -n "${others:-}" ]; then pkill -TERM -P "$others" 2>/dev/null || true; kill "$others" 2>/dev/null || true; fi
+"$PY" - "$SNAP" "$DIR/eval-snapshot.json" "$now" <<'EOF'
+import json, pathlib, sys
+paths, now = [pathlib.Path(a) for a in sys.argv[1:3]], json.loads(sys.argv[3])
+records = {str(p): json.loads(p.read_text()) for p in paths if p.is_file()}
+began = next(iter(records.values()), None)
+if any(r != began for r in records.values()):
+    sys.exit(f"run-sharpness.sh: the snapshot records disagree ({records}); find which one the evaluation began on")
+if began is not None and began != now:
+    sys.exit(f"run-sharpness.sh: this sitting runs {now}, the evaluation began on {began}: create /work/pop-eval at "
+             f"that commit (git worktree add --detach) and install those versions")
+for p in paths:
+    if not p.is_file():
+        p.write_text(json.dumps(now, sort_keys=True) + "\n")
+EOF
+# a stage that fails, or a killed sitting, stops every stage (a rerun would meet their evaluate locks)
+stop_stages() {
+    for pid in ${main:-} ${others:-}; do
+        pkill -TERM -P "$pid" 2>/dev/null || true; kill "$pid" 2>/dev/null || true
+    done
 }
-trap stop_others EXIT
+trap stop_stages EXIT
+trap 'exit 143' TERM INT
 # where this sitting starts (counts and times only, no result value)
 gs population status --out "$DIR"
 OMP_NUM_THREADS=2 gs population reliability --out "$DIR" --threads 2 --no-progress
@@ -62,8 +78,9 @@ OMP_NUM_THREADS=1 gs population evaluate --out "$DIR" --rho 1 --tag curvature --
     hessian-trace-euclidean hessian-top-eigenvalue-inv hessian-top-eigenvalue-mix hessian-top-eigenvalue-euclidean
 } &
 others=$!
-wait "$main"
-wait "$others"
+wait -n -p first "$main" "$others"  # the first to end; if it failed, set -e ends the script and the trap the other
+if [ "$first" = "$main" ]; then wait "$others"; else wait "$main"; fi
+trap - EXIT
 gs population correlate --out "$DIR"
 gs population correlate --out "$DIR" --tag ablations
 gs population correlate --out "$DIR" --tag curvature

@@ -162,7 +162,7 @@ def average_case_sharpness(model, batches, rho, *, metric=None, n_samples: int =
     t0 = time.perf_counter()
     model, params, batches, space = setup = evaluation_space(
         model, batches, options.metric, dtype=options.dtype, smap=symmetry_map, symmetries=symmetries, eps=eps,
-        **options.space_options)
+        stacklevel=4, **options.space_options)
     dtype, quotient = setup.dtype, space.quotient
     gen = torch.Generator().manual_seed(seed)
     per, se, before, after, norms, sizes = [], [], [], [], [], []

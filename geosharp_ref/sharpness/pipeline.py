@@ -276,25 +276,27 @@ def gradient_dual_norm(model, space: ProductSpace, batch, loss_fn=default_loss) 
     return float(space.norm(space.ascent_direction(xi, grad)))
 
 
-def evaluation_quotient(model, batch, metric, smap, symmetries, *, warn: bool = True):
+def evaluation_quotient(model, batch, metric, smap, symmetries, *, warn: bool = True, stacklevel: int = 4):
     """The :class:`Quotient` of ``model`` under ``metric`` (inv/mix; None: none, the adaptive space): the
     attention pairs of ``smap`` (default: detected from the structure) and ``symmetries`` (None: the pairs alone).
     Detected pairs are measured on ``batch`` before they are quotiented
     (:func:`~geosharp_ref.symmetry.check.check_attention_pairs`). ``warn``: a :class:`NoAttentionPairsWarning`
     where the model has no pairs and no further symmetry is given (the sharpness measures warn; the curvature
-    operator, whose quotient is then the adaptive space, passes False)."""
+    operator, whose quotient is then the adaptive space, passes False; ``stacklevel``: that of the warning, so
+    that it names the line that called the entry point)."""
     if isinstance(metric, EvaluationOptions):
         raise TypeError("evaluation_quotient takes the metric (options.metric), not the options")
     if metric is None:
         return Quotient.assemble(dict(model.named_parameters()), None, None)
     quiet = bool(symmetries) or not warn  # no attention pairs is fine when other symmetries are quotiented
     if smap is None:
-        with warnings.catch_warnings():
-            if quiet:
-                warnings.filterwarnings("ignore", category=NoAttentionPairsWarning)
+        with warnings.catch_warnings():  # the detector's own warning: said once, below, at the caller's line
+            warnings.filterwarnings("ignore", category=NoAttentionPairsWarning)
             smap = symmetry_map(model)
     if not smap.groups and not quiet:
-        warnings.warn(NO_PAIRS_MESSAGE, NoAttentionPairsWarning, stacklevel=4)
+        refused = f"; {len(smap.refused)} candidate pairs refused" if smap.refused else ""
+        warnings.warn(f"{NO_PAIRS_MESSAGE} ({type(model).__name__}{refused})", NoAttentionPairsWarning,
+                      stacklevel=stacklevel)
     check_attention_pairs(model, smap, batch)  # detected from the structure: measured before they are quotiented
     if symmetries is None:
         return Quotient.assemble(dict(model.named_parameters()), smap, metric)
@@ -315,16 +317,17 @@ class EvaluationSpace(NamedTuple):
 
 
 def evaluation_space(model, batches, metric, *, dtype=None, smap=None, symmetries=None, warn: bool = True,
-                     **space_options) -> EvaluationSpace:
+                     stacklevel: int = 5, **space_options) -> EvaluationSpace:
     """The one preamble of the sharpness, average-case and curvature evaluations: :func:`prepare_inputs` (in
     ``dtype``; None: the model's), the model cast to that dtype (a deep copy; the caller's model is untouched),
-    :func:`evaluation_quotient` (``metric``, ``smap``, ``symmetries``, ``warn``) on the first batch, and
+    :func:`evaluation_quotient` (``metric``, ``smap``, ``symmetries``, ``warn``; ``stacklevel`` of its warning, 5:
+    the caller of an entry point that calls :func:`evaluate`) on the first batch, and
     :func:`build_space` on it with ``space_options`` (``fast``, ``eps`` and the
     :class:`~geosharp_ref.sharpness.space.ProductSpace` options)."""
     params, batches, _, dtype = prepare_inputs(model, batches, dtype)
     if dtype != next(model.parameters()).dtype:
         model = copy.deepcopy(model).to(dtype)
-    quotient = evaluation_quotient(model, batches[0], metric, smap, symmetries, warn=warn)
+    quotient = evaluation_quotient(model, batches[0], metric, smap, symmetries, warn=warn, stacklevel=stacklevel)
     return EvaluationSpace(model, params, batches, build_space(params, quotient=quotient, **space_options))
 
 

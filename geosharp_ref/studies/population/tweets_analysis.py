@@ -21,8 +21,9 @@ every corner must reach train error ≤ :data:`PILOT_MAX_TRAIN_ERROR`. It never 
 (after ``geosharp population reliability`` and ``correlate``) and adds the protocol's checks, the verdict of each
 primary contrast (:func:`judge_primary`), the sensitivity analysis without the models above train error 0.05
 (:func:`sensitivity_analysis`, pilot rule 5), the ablations' contrasts (H3/H4, :func:`ablation_contrasts`) and
-the exploratory curvature measures (:func:`curvature_analysis`); every result cell carries ``gap_reliability_ok``
-(the measured R ≥ 0.9, reported beside every result as the protocol asks). It writes ``analysis.json``, the
+the exploratory curvature measures (:func:`curvature_analysis`); every cell of a τ or a contrast against the gap
+(primary, partial, sensitivity, ablations, curvature) carries ``gap_reliability_ok`` (the measured R ≥ 0.9,
+reported beside every result as the protocol asks). It writes ``analysis.json``, the
 primary contrast's plot ``analysis.png`` (:func:`geosharp_ref.plots.plot_signed_contrast`) and the Markdown report
 ``analysis.md`` (:mod:`~geosharp_ref.studies.population.tweets_report`; ``report`` writes it again).
 """
@@ -269,7 +270,8 @@ def analyse(out, n_boot: int = 1000, seed: int = 0) -> dict:
     res["protocol_checks"] = dict(models_at_least=N_MODELS, models_ok=res["models"] >= N_MODELS,
                                   reliability_at_least=MIN_RELIABILITY, reliability_ok=ok)
     sens = res["sensitivity_without_train_error_above_0_05"]
-    for part in (res["signed_contrast"], sens.get("signed_contrast", {}), res["ablations"]):
+    for part in (res["signed_contrast"], res["partial_tau_given_train_error"], sens.get("signed_contrast", {}),
+                 sens.get("tau", {}), res["ablations"]):
         for cells in part.values():
             for c in cells.values():
                 c["gap_reliability_ok"] = ok

@@ -133,7 +133,11 @@ def _sensitivity(sens: dict, caveat: str) -> list:
                  + caveat)
     if "signed_contrast" not in sens:
         return lines + ["", sens.get("note", "")]
-    return lines + [""] + _table(PRIMARY_HEADER, _primary_rows(sens["signed_contrast"]))
+    rows = [[row, m, _num(t["tau"]), _ci(t["ci"])] for row, cells in sorted(sens["tau"].items(),
+                                                                           key=lambda kv: row_value(kv[0]))
+            for m, t in sorted(cells.items())]
+    return (lines + [""] + _table(PRIMARY_HEADER, _primary_rows(sens["signed_contrast"]))
+            + ["", "Each τ without them:", ""] + _table(["size", "measure", "τ", "95 % interval"], rows))
 
 
 def _ablations(abl: dict, caveat: str) -> list:

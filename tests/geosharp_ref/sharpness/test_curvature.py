@@ -289,12 +289,11 @@ def test_curvature_measures_equal_the_curvature_of_each_batch_alone():
         assert MODEL.training
     finally:
         MODEL.eval()
-    for i, b in enumerate(batches):
+    for i, b in enumerate(batches):  # bit for bit: the same operator and probes
         alone = curvature(MODEL, [b], "mix", k=0, probes=3, seed=7 + i, smap=SMAP)
-        assert res.per_batch[i] == pytest.approx(alone.trace, rel=1e-12)
-        assert res.config["errors"][i] == pytest.approx(alone.trace_stderr, rel=1e-12)
+        assert res.per_batch[i] == alone.trace and res.config["errors"][i] == alone.trace_stderr
         eig = curvature(MODEL, [b], "inv", k=1, probes=0, steps=6, seed=i, smap=SMAP)
-        assert top.per_batch[i] == pytest.approx(eig.eigenvalues[0], rel=1e-12)
+        assert top.per_batch[i] == eig.eigenvalues[0]
         with torch.no_grad():
             assert res.loss_before[i] == pytest.approx(float(model_loss(MODEL, PARAMS, b)), rel=1e-12)
 
@@ -313,3 +312,21 @@ def test_curvature_measures_in_another_dtype_report_the_loss_in_that_dtype():
     assert res.per_batch == pytest.approx(ref.per_batch, rel=1e-12)
     assert res.loss_before == pytest.approx(ref.loss_before, rel=1e-12) and math.isfinite(res.loss_before[0])
     assert all(torch.equal(p, before[n]) and p.dtype == torch.float32 for n, p in model32.named_parameters())
+
+
+def test_curvature_measures_take_the_loss_at_theta_in_eval_mode():
+    """A model in training mode with dropout: ``loss_before`` is the eval-mode loss (dropout off, as every
+    measurement), not a dropout draw, and the model is handed back in training mode."""
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Dropout(0.5), nn.Linear(16, 3)).double().train()
+    gen = torch.Generator().manual_seed(4)
+    batch = (torch.randn(8, 5, generator=gen, dtype=DT), torch.randint(0, 3, (8,), generator=gen))
+    res = get_measure("hessian-trace-euclidean").evaluate(model, [batch], 0.1, probes=2)
+    assert model.training
+    with torch.no_grad():
+        model.eval()
+        want = float(nn.functional.cross_entropy(model(batch[0]), batch[1]))
+        model.train()
+        drawn = float(nn.functional.cross_entropy(model(batch[0]), batch[1]))
+    assert drawn != want  # dropout changes the training-mode loss
+    assert res.loss_before == [want]

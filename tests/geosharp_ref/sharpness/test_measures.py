@@ -213,3 +213,24 @@ def test_evaluation_space_is_the_one_preamble():
     assert setup.space.factor_keys == ref.factor_keys and set(setup.space.adaptive_names) == set(ref.adaptive_names)
     same = evaluation_space(model, [batch], None)
     assert same.model is model and same.space.factors == [] and same.dtype == torch.float32
+
+
+def test_the_no_pairs_warning_names_the_line_that_called_the_entry_point():
+    """A geodesic measure on a model without attention pairs warns at the caller's line (this file), through
+    :func:`evaluate` and through the average-case measures alike, not inside the library."""
+    import warnings
+
+    from geosharp_ref.sharpness import average_case_sharpness
+    from geosharp_ref.symmetry import NoAttentionPairsWarning
+    from tests import cases
+
+    model = cases.mlp64(nn.Tanh)
+    gen = torch.Generator().manual_seed(1)
+    batch = (torch.randn(6, 5, generator=gen, dtype=torch.float64), torch.randint(0, 3, (6,), generator=gen))
+    for call in (lambda: geodesic_sharpness(model, [batch], 0.1, metric="mix", n_iter=1),
+                 lambda: average_case_sharpness(model, [batch], 0.1, metric="mix", n_samples=2)):
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            call()
+        hits = [w for w in got if issubclass(w.category, NoAttentionPairsWarning)]
+        assert len(hits) == 1 and hits[0].filename == __file__, [(w.filename, w.lineno) for w in hits]

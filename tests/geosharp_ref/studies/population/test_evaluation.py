@@ -228,8 +228,9 @@ def test_a_killed_model_resumes_from_its_finished_measures(reference, tmp_path, 
 
 def test_first_order_measures_take_one_gradient_per_batch_for_all_their_radii(reference, monkeypatch):
     """ρ‖∇L‖_* is linear in ρ: ``evaluate_model`` measures a first-order measure once (one gradient per batch) and
-    rescales it for its other radii (``linearised_at``); every value, per-batch value and loss equals a direct
-    evaluation at that radius bit for bit; the Auto-PGD measure beside it is measured at every radius."""
+    rescales it for its other radii (``linearised_at``); every value and per-batch value equals a direct
+    evaluation at that radius bit for bit, and so does the record's loss at θ; the Auto-PGD measure beside it is
+    measured at every radius."""
     from geosharp_ref.sharpness import pipeline
     from geosharp_ref.studies.population import evaluation
 

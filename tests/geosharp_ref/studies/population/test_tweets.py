@@ -332,6 +332,12 @@ def test_sensitivity_analysis_repeats_the_primary_family_without_the_unfit_model
     want["paper_attenuated_difference"] = 0.3 - 0.05
     judge_primary({"r": {"k": want}})
     assert got["signed_contrast"]["size=0.001"]["geodesic-mix - adaptive"] == want
+    from geosharp_ref.studies.population.tweets_report import _sensitivity
+
+    text = "\n".join(_sensitivity(got, ""))
+    assert "Left out (2): model_002, model_009; 12 models remain." in text
+    tau = got["tau"]["size=0.001"]["adaptive"]
+    assert f"| size=0.001 | adaptive | {tau['tau']:+.3f} | [{tau['ci'][0]:+.3f}, {tau['ci'][1]:+.3f}] |" in text
     train[[2, 9]] = 0.0
     write("correlation.csv", ["model", "gap", "train_error"] + [f"{m}@rho=0.5" for m in cols],
           ([names[i], gap[i], train[i]] + [cols[m][i] for m in cols] for i in range(n)))
@@ -485,8 +491,10 @@ def _check_report(out, res):
             want = f"| {row} | {k.replace(' - ', ' − ')} | {c['difference']:+.3f} | {ci} |"
             hit = [ln for ln in lines if ln.startswith(want)]
             assert len(hit) == 1 and hit[0].endswith(f"| {c['verdict']} |"), want
+    from geosharp_ref.studies.population.reanalysis import tau_row
+
     for t in csv.DictReader(open(out / "correlation_tau.csv")):
-        assert any(ln.startswith(f"| {t['rho']} | {t['measure']} | {float(t['tau']):+.3f} |") for ln in lines)
+        assert any(ln.startswith(f"| {tau_row(t)} | {t['measure']} | {float(t['tau']):+.3f} |") for ln in lines)
     R = res["reliability"]["pearson_full_spearman_brown"]
     assert f"**R = {R:.3f}**" in text and ("meets the required 0.9" in text) == res["protocol_checks"]["reliability_ok"]
     (out / "analysis.md").unlink()
