@@ -35,8 +35,8 @@ from .options import check_curvature_options, check_evaluation
 from .pack import check_packed_models, is_packed, rebuild_model
 from .tasks import get_task
 
-__all__ = ["measure_grid", "evaluation_grid", "sharpness_batches", "LINEARISED", "load_population_model", "evaluate_model", "evaluate_population", "read_results",
-           "rho_key", "MEASURES", "ABLATIONS", "ALL_MEASURES", "DEFAULT_RHOS"]
+__all__ = ["measure_grid", "evaluation_grid", "sharpness_batches", "LINEARISED", "load_population_model",
+           "evaluate_model", "evaluate_population", "read_results", "rho_key", "MEASURES", "ABLATIONS", "ALL_MEASURES", "DEFAULT_RHOS"]
 
 #: the paper's three measures, the default of an evaluation
 MEASURES = tuple(m.name for m in HEADLINE_MEASURES)

@@ -35,6 +35,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import kendalltau
 
 from ...io.durable import write_json_atomic
 from ...plots import plot_signed_contrast
@@ -193,8 +194,6 @@ def ablation_contrasts(out, n_boot: int = 1000, seed: int = 0) -> dict:
     out = Path(out)
     if not (out / "correlation-ablations_tau.csv").is_file():
         return {}
-    from scipy.stats import kendalltau
-
     main, main_tau = _read_csv(out / "correlation.csv"), _read_csv(out / "correlation_tau.csv")
     abl, abl_tau = _read_csv(out / "correlation-ablations.csv"), _read_csv(out / "correlation-ablations_tau.csv")
     by_model = {r["model"]: r for r in abl}
