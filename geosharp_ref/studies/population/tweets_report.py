@@ -140,13 +140,18 @@ def _sensitivity(sens: dict, caveat: str) -> list:
             + ["", "Each τ without them:", ""] + _table(["size", "measure", "τ", "95 % interval"], rows))
 
 
+def _opening(title: str, part: dict, caption: str, caveat: str) -> list:
+    """A section's heading and caption (with the reliability caveat), or "Not evaluated." where ``part`` is empty."""
+    return ["", f"## {title}", ""] + ([caption + caveat, ""] if part else ["Not evaluated."])
+
+
 def _ablations(abl: dict, caveat: str) -> list:
-    lines = ["", "## H3 / H4: the ablations, size-matched", ""]
+    lines = _opening("H3 / H4: the ablations, size-matched", abl,
+                     "τ(full, gap) − τ(ablation, gap) at the same target size, the same contrast given train error, τ "
+                     "between the two measures and the median |full − ablation| / full. H3 (`*-first-order`) is "
+                     "tested at the sizes below only (amendment 8).", caveat)
     if not abl:
-        return lines + ["Not evaluated."]
-    lines += ["τ(full, gap) − τ(ablation, gap) at the same target size, the same contrast given train error, τ "
-              "between the two measures and the median |full − ablation| / full. H3 (`*-first-order`) is tested at "
-              "the sizes below only (amendment 8)." + caveat, ""]
+        return lines
     rows = []
     for row, cells in sorted(abl.items(), key=lambda kv: row_value(kv[0])):
         for m, c in cells.items():
@@ -158,12 +163,12 @@ def _ablations(abl: dict, caveat: str) -> list:
 
 
 def _curvature(curv: dict, caveat: str) -> list:
-    lines = ["", "## Exploratory: curvature (amendment 5; outside the primary family)", ""]
+    lines = _opening("Exploratory: curvature (amendment 5; outside the primary family)", curv,
+                     "τ against the gap, partial τ given train error, the measurement's own error (a trace: "
+                     "reliability 1 − mean SE² / variance over models; an eigenvalue: the largest Lanczos residual "
+                     "bound relative to the value), and the contrast with the Euclidean quantity.", caveat)
     if not curv:
-        return lines + ["Not evaluated."]
-    lines += ["τ against the gap, partial τ given train error, the measurement's own error (a trace: reliability "
-              "1 − mean SE² / variance over models; an eigenvalue: the largest Lanczos residual bound relative to "
-              "the value), and the contrast with the Euclidean quantity." + caveat, ""]
+        return lines
     rows = []
     for m, c in sorted(curv.items()):
         err = (f"reliability {_num(c['hutchinson_reliability'], '.3f')}" if "hutchinson_reliability" in c else
