@@ -47,6 +47,7 @@ from ...stats import kendall_tau_b, kendall_with_ci
 
 __all__ = ["signed_tau_difference", "attenuated_tau", "partial_tau", "partial_tau_with_ci", "partial_tau_difference",
            "kendall_null_sd", "kendall_power", "min_detectable_tau", "contrast_power", "reanalyse", "tau_row",
+           "read_csv_rows",
            "PAPER_MNLI_TAU", "REANALYSIS", "REANALYSIS_PLOT"]
 
 REANALYSIS = "reanalysis.json"
@@ -193,7 +194,8 @@ def contrast_power(tau_geo: float, tau_ada: float, tau_between: float, n: int, a
 # Committed population directories
 # ------------------------------------------------------------------------------------------------
 
-def _read_csv(path: Path) -> list:
+def read_csv_rows(path: Path) -> list:
+    """The rows of a CSV file with a header, as dicts (the correlation files)."""
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
 
@@ -225,9 +227,9 @@ def reanalyse(out, n_boot: int = 1000, seed: int = 0, sims: int = 2000, paper: d
     τ against the gap between a measure and its first-order version (``first_order_vs_full``)."""
     out = Path(out)
     paper = dict(PAPER_MNLI_TAU if paper is None else paper)
-    models = _read_csv(out / "correlation.csv")
-    taus = _read_csv(out / "correlation_tau.csv")
-    pairs = _read_csv(out / "correlation_paired.csv")
+    models = read_csv_rows(out / "correlation.csv")
+    taus = read_csv_rows(out / "correlation_tau.csv")
+    pairs = read_csv_rows(out / "correlation_paired.csv")
     corr = json.loads((out / "correlation.json").read_text())
     rel = json.loads((out / "reliability.json").read_text())
     names = [r["model"] for r in models]

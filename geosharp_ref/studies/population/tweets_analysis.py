@@ -29,7 +29,6 @@ primary contrast's plot ``analysis.png`` (:func:`geosharp_ref.plots.plot_signed_
 """
 from __future__ import annotations
 
-import csv
 import json
 import sys
 from pathlib import Path
@@ -42,7 +41,7 @@ from ...plots import plot_signed_contrast
 from ...stats import kendall_with_ci
 from .evaluation import read_results
 from .reanalysis import (PAPER_MNLI_TAU, attenuated_tau, contrast_power, kendall_null_sd, kendall_power,
-                         min_detectable_tau, partial_tau_difference, partial_tau_with_ci, reanalyse,
+                         min_detectable_tau, partial_tau_difference, partial_tau_with_ci, read_csv_rows, reanalyse,
                          signed_tau_difference, tau_row)
 from .tweets import CURVATURE_PROTOCOL, N_MODELS, PILOT_CORNERS
 from .tweets_report import write_report
@@ -143,11 +142,6 @@ def judge_primary(signed_contrast: dict) -> list:
     return family
 
 
-def _read_csv(path: Path) -> list:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
 def sensitivity_analysis(out, paper_attenuated: dict, n_boot: int = 1000, seed: int = 0) -> dict:
     """Pilot rule 5 of the protocol: a population model above train error :data:`PILOT_MAX_TRAIN_ERROR` is kept,
     and the primary analysis is repeated without it. ``{"max_train_error", "excluded": [model names], "models"}``
@@ -156,7 +150,7 @@ def sensitivity_analysis(out, paper_attenuated: dict, n_boot: int = 1000, seed: 
     models (``signed_contrast``; the paper's attenuated differences from ``paper_attenuated``). Reads
     ``correlation.csv``, ``correlation_tau.csv`` and ``correlation_paired.csv``."""
     out = Path(out)
-    models = _read_csv(out / "correlation.csv")
+    models = read_csv_rows(out / "correlation.csv")
     keep = np.array([float(r["train_error"]) <= PILOT_MAX_TRAIN_ERROR for r in models])
     res = dict(max_train_error=PILOT_MAX_TRAIN_ERROR, excluded=[r["model"] for r, k in zip(models, keep) if not k],
                models=int(keep.sum()))
@@ -167,12 +161,12 @@ def sensitivity_analysis(out, paper_attenuated: dict, n_boot: int = 1000, seed: 
         return res
     kept = [r for r, k in zip(models, keep) if k]
     gap = np.array([float(r["gap"]) for r in kept])
-    rho = {(tau_row(t), t["measure"]): t["rho"] for t in _read_csv(out / "correlation_tau.csv")}
+    rho = {(tau_row(t), t["measure"]): t["rho"] for t in read_csv_rows(out / "correlation_tau.csv")}
     col = {k: np.array([float(r[f"{k[1]}@rho={v}"]) for r in kept]) for k, v in rho.items()}
     res["tau"], res["signed_contrast"] = {}, {}
     for (row, m), x in col.items():
         res["tau"].setdefault(row, {})[m] = kendall_with_ci(x, gap, n_boot=n_boot, seed=seed)
-    for p in _read_csv(out / "correlation_paired.csv"):
+    for p in read_csv_rows(out / "correlation_paired.csv"):
         row, m, vs = p["row"], p["measure"], p["vs"]
         if "linearised" in m or (row, m) not in col or (row, vs) not in col:
             continue
@@ -194,8 +188,9 @@ def ablation_contrasts(out, n_boot: int = 1000, seed: int = 0) -> dict:
     out = Path(out)
     if not (out / "correlation-ablations_tau.csv").is_file():
         return {}
-    main, main_tau = _read_csv(out / "correlation.csv"), _read_csv(out / "correlation_tau.csv")
-    abl, abl_tau = _read_csv(out / "correlation-ablations.csv"), _read_csv(out / "correlation-ablations_tau.csv")
+    main, main_tau = read_csv_rows(out / "correlation.csv"), read_csv_rows(out / "correlation_tau.csv")
+    abl = read_csv_rows(out / "correlation-ablations.csv")
+    abl_tau = read_csv_rows(out / "correlation-ablations_tau.csv")
     by_model = {r["model"]: r for r in abl}
     names = [r["model"] for r in main if r["model"] in by_model]
     gap, train = (np.array([float(r[k]) for r in main if r["model"] in by_model]) for k in ("gap", "train_error"))
@@ -231,8 +226,7 @@ def curvature_analysis(out, n_boot: int = 1000, seed: int = 0) -> dict:
     out = Path(out)
     if not (out / "correlation-curvature.csv").is_file():
         return {}
-    with open(out / "correlation-curvature.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_csv_rows(out / "correlation-curvature.csv")
     records = read_results(out, CURVATURE_PROTOCOL["tag"])
     names = [r["model"] for r in rows]
     gap, train = (np.array([float(r[k]) for r in rows]) for k in ("gap", "train_error"))
