@@ -29,7 +29,8 @@ The best iterate is kept; ``n_iter`` gradient evaluations follow the one at the 
 from a best point older than the current iterate: its gradient is evaluated again there rather than kept (f and
 its gradient are deterministic functions of the point, so the iterates are those of keeping it, and a
 parameter-sized vector fewer is alive between restarts). A best point older than the current iterate is parked
-in an anonymous temporary file once the momentum step has used it (as x_prev) when it is large
+(:mod:`geosharp_ref.parking`: an anonymous temporary file on the CPU, host memory on an accelerator) once the
+momentum step has used it (as x_prev) when it is large
 (``park_bytes``, default :data:`PARK_BYTES` = 256 MiB: a 135 M-parameter float64 model's vector is 1.1 GB), and
 restored bit for bit on a restart or at the end; the iterates do not change.
 

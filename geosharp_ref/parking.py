@@ -1,4 +1,5 @@
-"""Park tensors' memory in an anonymous temporary file while they are not needed (memory-bound runs).
+"""Park tensors' memory in an anonymous temporary file, or an accelerator's in host memory, while they are not
+needed (memory-bound runs).
 
 :func:`park` writes the bytes of the storages under the given tensors to a temporary file that has no name
 (``tempfile.TemporaryFile``: nothing is left behind, also when the process dies) and points every one of those
@@ -8,12 +9,18 @@ dictionaries, a space's per-vector state. :meth:`Parked.restore` reads the bytes
 one and points each object at it with its old offset, shape and strides: the same objects hold exactly their old
 values (bit for bit, at new addresses; tensors that shared a storage share one again).
 
+An accelerator's storages wait in host memory instead (``medium`` "host", the default for them): one copy each
+way over the bus frees the device's memory, where a file would add a write and a read through the host on top
+(``benchmarks/RESULTS.md``, section 6, says what was measured). The CPU's storages go to the file, where host
+memory is the memory to free; ``medium`` chooses either for any storage.
+
 Parking never loses values: a tensor not passed in that shares a parked storage (a view made earlier) keeps
 that storage alive and unchanged (memory is then not saved), and when the file cannot be written (e.g. a full
-disk) nothing is parked. Every byte goes through one host buffer of :data:`CHUNK_BYTES` (exporting the storage
-itself to numpy would pin it; on an accelerator the copy to the host is needed anyway). Used by Auto-PGD for an
-older best point (:func:`geosharp_ref.apgd.apgd`) and by ``geosharp verify`` for θ while a moved orbit point is
-measured (:func:`geosharp_ref.verification.orbits.parameters_moved_to`).
+disk) or host memory holds no copy, nothing is parked. Every byte parked in the file goes through one host
+buffer of :data:`CHUNK_BYTES` (exporting the storage itself to numpy would pin it; on an accelerator the copy to
+the host is needed anyway). Used by Auto-PGD for an older best point (:func:`geosharp_ref.apgd.apgd`) and by
+``geosharp verify`` for θ while a moved orbit point is measured
+(:func:`geosharp_ref.verification.orbits.parameters_moved_to`).
 """
 from __future__ import annotations
 
@@ -21,10 +28,18 @@ import tempfile
 
 import torch
 
-__all__ = ["Parked", "park", "CHUNK_BYTES"]
+__all__ = ["Parked", "park", "default_medium", "CHUNK_BYTES", "MEDIA"]
 
-#: size of the host buffer every parked byte passes through
+#: size of the host buffer every byte parked in the file passes through
 CHUNK_BYTES = 64 << 20
+#: where parked bytes can wait: an anonymous temporary file, or a host-memory copy
+MEDIA = ("file", "host")
+
+
+def default_medium(device: torch.device) -> str:
+    """Where a storage on ``device`` is parked by default: host memory for an accelerator's, the file for the
+    CPU's."""
+    return "file" if torch.device(device).type == "cpu" else "host"
 
 
 def _bytes_of(storage) -> torch.Tensor:
@@ -41,7 +56,8 @@ class Parked:
     """Tensors whose storages wait in an anonymous temporary file (see the module doc); :meth:`restore` once."""
 
     def __init__(self, file, groups):
-        # groups: [(offset in the file, nbytes, device, [(tensor, storage_offset, size, stride)])]
+        # groups: [(offset in the file or the host copy (a uint8 tensor), nbytes, device,
+        #           [(tensor, storage_offset, size, stride)])]
         self._file, self._groups = file, groups
 
     @property
@@ -50,19 +66,24 @@ class Parked:
         return sum(n for _, n, _, _ in self._groups)
 
     def restore(self) -> None:
-        """Point every parked tensor at its old values again (a new storage per old one, read from the file)."""
-        if self._file is None:
+        """Point every parked tensor at its old values again (a new storage per old one, read from the file or
+        copied from host memory)."""
+        if not self._groups:
             return
         try:
-            stage = torch.empty(min(CHUNK_BYTES, max(n for _, n, _, _ in self._groups)), dtype=torch.uint8)
-            for offset, nbytes, device, views in self._groups:
+            in_file = [n for where, n, _, _ in self._groups if not torch.is_tensor(where)]
+            stage = torch.empty(min(CHUNK_BYTES, max(in_file)), dtype=torch.uint8) if in_file else None
+            for where, nbytes, device, views in self._groups:
                 storage = torch.empty(nbytes, dtype=torch.uint8, device=device).untyped_storage()
-                self._file.seek(offset)
-                for part in _chunks(_bytes_of(storage)):
-                    host = stage[:part.numel()]
-                    if self._file.readinto(memoryview(host.numpy())) != part.numel():
-                        raise OSError("parking: the temporary file was truncated")
-                    part.copy_(host)
+                if torch.is_tensor(where):  # a host-memory copy
+                    _bytes_of(storage).copy_(where)
+                else:
+                    self._file.seek(where)
+                    for part in _chunks(_bytes_of(storage)):
+                        host = stage[:part.numel()]
+                        if self._file.readinto(memoryview(host.numpy())) != part.numel():
+                            raise OSError("parking: the temporary file was truncated")
+                        part.copy_(host)
                 with torch.no_grad():
                     for t, storage_offset, size, stride in views:
                         t.set_(storage, storage_offset, size, stride)
@@ -76,9 +97,12 @@ class Parked:
         self._file, self._groups = None, []
 
 
-def park(tensors) -> Parked:
+def park(tensors, medium: str | None = None) -> Parked:
     """Write the storages under ``tensors`` (an iterable; None entries skipped, each object once) to an anonymous
-    temporary file and empty the tensors; returns the :class:`Parked` handle that restores them."""
+    temporary file or to host memory and empty the tensors; returns the :class:`Parked` handle that restores them.
+    ``medium``: "file" or "host" for every storage; None: :func:`default_medium` of each storage's device."""
+    if medium is not None and medium not in MEDIA:
+        raise ValueError(f"unknown parking medium {medium!r}; choose one of {MEDIA}")
     by_storage, seen = {}, set()
     for t in tensors:
         if t is None or id(t) in seen or t.untyped_storage().nbytes() == 0:
@@ -89,19 +113,26 @@ def park(tensors) -> Parked:
         entry[1].append((t, t.storage_offset(), tuple(t.shape), t.stride()))
     if not by_storage:
         return Parked(None, [])
-    file, groups = tempfile.TemporaryFile(), []
+    media = [medium or default_medium(s.device) for s, _ in by_storage.values()]
+    in_file = [s.nbytes() for (s, _), m in zip(by_storage.values(), media) if m == "file"]
+    file, groups = tempfile.TemporaryFile() if in_file else None, []
     try:
-        stage = torch.empty(min(CHUNK_BYTES, max(s.nbytes() for s, _ in by_storage.values())), dtype=torch.uint8)
-        for s, views in by_storage.values():
-            offset = file.tell()
-            for part in _chunks(_bytes_of(s)):
-                host = stage[:part.numel()]
-                host.copy_(part)
-                file.write(memoryview(host.numpy()))
-            groups.append((offset, s.nbytes(), s.device, views))
-        file.flush()
-    except OSError:  # nothing is emptied before every byte is written
-        file.close()
+        stage = torch.empty(min(CHUNK_BYTES, max(in_file)), dtype=torch.uint8) if in_file else None
+        for (s, views), m in zip(by_storage.values(), media):
+            if m == "file":
+                offset = file.tell()
+                for part in _chunks(_bytes_of(s)):
+                    host = stage[:part.numel()]
+                    host.copy_(part)
+                    file.write(memoryview(host.numpy()))
+                groups.append((offset, s.nbytes(), s.device, views))
+            else:
+                groups.append((_bytes_of(s).to("cpu", copy=True), s.nbytes(), s.device, views))
+        if file is not None:
+            file.flush()
+    except (OSError, RuntimeError):  # nothing is emptied before every byte is written (RuntimeError: no host memory)
+        if file is not None:
+            file.close()
         return Parked(None, [])
     with torch.no_grad():
         for _, _, _, views in groups:

@@ -154,3 +154,15 @@ def test_llama_rows_quotient_rope_vo_and_gated_units():
     assert r["flops"]["adaptive"] < r["flops"]["geodesic-mix"] < r["flops"]["geodesic-mix-all"]
     text = render({"cpu": "test"}, {"iteration-llama": res}, True, 0.0)
     assert "all/adaptive (≤ 1.25)" in text and "2 × gated-units" in text and "2 × qk" in text
+
+
+def test_the_cuda_profile_runs_quick_on_the_cpu_and_its_rows_agree():
+    """``benchmarks/profile_cuda.py --quick`` (meant for a lent GPU) runs on the CPU: the floor, every row, the
+    profiler tables; the rows of one measure (rest per parameter, grouped, parking off) give the same sharpness."""
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "profile_cuda.py"), "--quick", "--batch", "2",
+                        "--iters", "2", "--rows", "3"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [line for line in p.stdout.splitlines() if ", rest " in line]
+    assert "floor: forward+backward" in p.stdout and "kernel launches" in p.stdout and len(rows) == 6
+    for measure in ("adaptive", "geodesic-inv"):
+        assert len({line.split("sharpness ")[1] for line in rows if line.startswith(measure + ",")}) == 1

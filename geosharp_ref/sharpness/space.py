@@ -34,6 +34,11 @@ gradient, still projected horizontally). ``fast=False`` replaces every factor by
 against). The model's parameters are never modified (new tensors, ``torch.func.functional_call``).
 ``geodesic="exact"`` (``steps`` RK4 steps) replaces E_k(ξ) by the integrated geodesic γ_ξ(1) of each factor
 (:mod:`~geosharp_ref.sharpness.exact_geodesic`, factor hook ``geodesic_parts``).
+
+The rest's operations run on groups of consecutive parameters, one flat tensor per group
+(:mod:`~geosharp_ref.sharpness.rest_groups`; hook ``rest_group_bytes``): on accelerators groups of up to
+:data:`~geosharp_ref.sharpness.rest_groups.GROUP_BYTES`, a few kernel launches per operation instead of one per
+parameter; on the CPU, and with ``fast=False``, one parameter per group (the reference path).
 """
 from __future__ import annotations
 
@@ -46,6 +51,7 @@ from torch.autograd.function import once_differentiable
 from ..apgd import combine, radial_clip
 from ..geometry import AdaptiveGeometry
 from .exact_geodesic import check_geodesic, exact_bound
+from .rest_groups import GROUP_BYTES, byte_groups, flat, unflat
 
 __all__ = ["ProductSpace", "Tangent", "Cotangents", "SpaceOptions", "GRADIENTS", "frobenius"]
 
@@ -100,11 +106,15 @@ class ProductSpace:
     ``adaptive_masks``: name → bool mask of the elements left to the adaptive geometry (None: the whole
     tensor); parameters absent from it are covered by factors only. Default: every parameter no factor
     names is adaptive. ``exclude``: parameters not perturbed at all. ``fast=False``: every factor in its
-    generic version (see the module doc)."""
+    generic version (see the module doc). ``rest_group_bytes``: the largest group of adaptive parameters the
+    rest's operations flatten into one tensor (:mod:`~geosharp_ref.sharpness.rest_groups`; 0: one parameter per
+    group; None: :data:`~geosharp_ref.sharpness.rest_groups.GROUP_BYTES` where the parameters are on an
+    accelerator and ``fast``, else 0)."""
 
     def __init__(self, params: dict, factors=(), adaptive_masks=None, *, geodesic_correction: bool = True,
                  metric_norm: bool = True, gradient: str = "exact", adaptive_offset: float = 0.0,
-                 exclude: Iterable[str] = (), fast: bool = True, geodesic: str = "second-order", steps=None):
+                 exclude: Iterable[str] = (), fast: bool = True, geodesic: str = "second-order", steps=None,
+                 rest_group_bytes: int | None = None):
         if gradient not in GRADIENTS:
             raise ValueError(f"unknown gradient {gradient!r}; choose one of {GRADIENTS} ('exact' differentiates "
                              "through the geodesic correction, 'perturbed' is the paper's Algorithm 1)")
@@ -131,20 +141,47 @@ class ProductSpace:
         # the masks are built from shapes, on the CPU: each goes where its parameter lives
         self.masks = [None if adaptive_masks[n] is None else adaptive_masks[n].to(params[n].device)
                       for n in self.adaptive_names]
+        rest = [params[n] for n in self.adaptive_names]
+        if rest_group_bytes is None:
+            rest_group_bytes = GROUP_BYTES if fast and rest and rest[0].device.type != "cpu" else 0
+        #: the groups of adaptive parameters each rest operation flattens (index ranges into adaptive_names)
+        self.rest_groups = byte_groups(rest, rest_group_bytes)
+        self._rest_shapes = [[rest[j].shape for j in r] for r in self.rest_groups]
+        # a group's flat mask (1 where no mask applies), built once where a group of several parameters has one
+        self._rest_masks = [None if len(r) == 1 or all(self.masks[j] is None for j in r) else
+                            flat([torch.ones_like(rest[j], dtype=torch.bool) if self.masks[j] is None
+                                  else self.masks[j].expand(rest[j].shape) for j in r])
+                            for r in self.rest_groups]
 
     # -- the adaptive weights, computed from θ when used (not stored: each list is parameter-sized) ------
     def _each_scale2(self):
         """c² per adaptive parameter, one at a time (the adaptive Riemannian gradient is c² ⊙ ∇); the
         same operations on the same θ every call, so every use sees the same values bit for bit."""
         for n, m in zip(self.adaptive_names, self.masks):
-            c = self.adaptive.scale(self.base[n])
-            c = c if m is None else c * m.to(c.dtype)
-            yield c * c
+            yield self._scale2_of(self.base[n], m)
+
+    def _scale2_of(self, theta, mask):
+        """c² = ((|θ| + offset) ⊙ mask)² (mask None: none)."""
+        c = self.adaptive.scale(theta)
+        c = c if mask is None else c * mask.to(c.dtype)
+        return c * c
 
     @staticmethod
     def _inverse(c2):
         """The adaptive metric's weight 1/c² (0 on immovable coordinates, c = 0)."""
         return torch.where(c2 > 0, c2, torch.inf).reciprocal()
+
+    def _group_scale2(self, k):
+        """c² of rest group k as one flat tensor: the same operations as :meth:`_each_scale2`, element by
+        element."""
+        r = self.rest_groups[k]
+        if len(r) == 1:  # one parameter: its mask as given (possibly broadcast), no flat copy of it kept
+            return self._scale2_of(self.base[self.adaptive_names[r[0]]], self.masks[r[0]]).reshape(-1)
+        return self._scale2_of(flat([self.base[self.adaptive_names[j]] for j in r]), self._rest_masks[k])
+
+    def _rest_group(self, k, vec):
+        """Rest group k of ``vec`` (its adaptive tensors) as one flat tensor."""
+        return flat([vec[j] for j in self.rest_groups[k]])
 
     @property
     def _scale2(self):
@@ -210,8 +247,9 @@ class ProductSpace:
         total = 0.0
         for b, x, e, s in zip(self.bound, px, pe, sx):
             total = total + b.inner(x, e, s if same else None)
-        for c2, x, e in zip(self._each_scale2(), ax, ae):
-            total = total + torch.dot((x * self._inverse(c2)).reshape(-1), e.reshape(-1))
+        for k in range(len(self.rest_groups)):
+            x, e = self._rest_group(k, ax), self._rest_group(k, ae)
+            total = total + torch.dot(x * self._inverse(self._group_scale2(k)), e)
         return torch.as_tensor(total)
 
     def norm(self, xi):
@@ -219,7 +257,9 @@ class ProductSpace:
 
     def project_horizontal(self, xi):
         px, _, ax = self._split(xi)
-        return self._join([b.project(x) for b, x in zip(self.bound, px)], [x * (c2 > 0) for c2, x in zip(self._each_scale2(), ax)])
+        rest = [t for k, shapes in enumerate(self._rest_shapes)
+                for t in unflat(self._rest_group(k, ax) * (self._group_scale2(k) > 0), shapes)]
+        return self._join([b.project(x) for b, x in zip(self.bound, px)], rest)
 
     def project(self, xi, rho):
         """Horizontal projection, then radially into the ball ‖ξ‖ ≤ ρ."""
@@ -242,10 +282,11 @@ class ProductSpace:
                 self._release(consume, gone, k, i)
             i += self.sizes[k]
         rest = []
-        for j in range(len(self.adaptive_names)):
-            rest.append(combine([(c, a[j]) for c, (_, _, a) in split]))
+        for k, shapes in enumerate(self._rest_shapes):
+            rest += unflat(combine([(c, self._rest_group(k, a)) for c, (_, _, a) in split]), shapes)
             if gone is not None:
-                gone[2][j] = consume[i + j] = None
+                for j in self.rest_groups[k]:
+                    gone[2][j] = consume[i + j] = None
         return self._join(parts, rest, states)
 
     def _release(self, vec, split, k, start):
@@ -264,7 +305,11 @@ class ProductSpace:
             blocks, state = b.scale(x, st, s)
             parts.append(blocks)
             states.append(state)
-        return self._join(parts, [x * (s.to(x.dtype) if torch.is_tensor(s) else s) for x in ax], states)
+        rest = []
+        for k, shapes in enumerate(self._rest_shapes):
+            x = self._rest_group(k, ax)
+            rest += unflat(x * (s.to(x.dtype) if torch.is_tensor(s) else s), shapes)
+        return self._join(parts, rest, states)
 
     # -- the ascent step -----------------------------------------------------------------------------
     def ascent_step(self, xi, grad, consume=False):
@@ -289,13 +334,15 @@ class ProductSpace:
                 self._release(grad, split, k, i)
             i += self.sizes[k]
         d_a = []
-        for j, (c2, x) in enumerate(zip(self._each_scale2(), ax)):
-            g = ag[j]
-            d_a.append(c2 * g)
-            dd, xd = dd + frobenius([d_a[-1]], [g]), xd + frobenius([x], [g])
+        for k, shapes in enumerate(self._rest_shapes):
+            g = self._rest_group(k, ag)
+            d = self._group_scale2(k) * g
+            dd, xd = dd + frobenius([d], [g]), xd + frobenius([self._rest_group(k, ax)], [g])
+            d_a += unflat(d, shapes)
             if consume:
-                ag[j] = grad[i + j] = None
-            g = None
+                for j in self.rest_groups[k]:
+                    ag[j] = grad[i + j] = None
+            g = d = None
         return self._join(parts, d_a, states), torch.as_tensor(dd), torch.as_tensor(xd)
 
     def ascent_direction(self, xi, grad):

@@ -151,3 +151,31 @@ def test_the_curvature_command_gives_the_cpu_value_on_the_device(tmp_path, capsy
         gpu = got["cuda"][geometry]
         assert gpu["trace"] == pytest.approx(cpu["trace"], rel=RTOL, abs=ATOL), geometry
         assert gpu["eigenvalues"] == pytest.approx(cpu["eigenvalues"], rel=RTOL, abs=ATOL), geometry
+
+
+def test_auto_pgd_with_the_rest_grouped_and_best_points_parked_in_host_memory_gives_the_cpu_values(monkeypatch):
+    """The accelerator defaults: the adaptive rest in groups (:mod:`geosharp_ref.sharpness.rest_groups`) and an
+    older best point parked in host memory, no file (:func:`geosharp_ref.parking.default_medium`); every best
+    point parked (``park_bytes=0``), against the CPU run (one parameter per group, parked in a file)."""
+    from geosharp_ref import parking
+    from geosharp_ref.apgd import apgd
+    from geosharp_ref.sharpness import ProductSpace, gl_pair_factors, model_loss
+    from geosharp_ref.symmetry import symmetry_map
+    from tests.cases import TinyAttention
+
+    torch.manual_seed(3)
+    model = TinyAttention().double().eval()
+    batch = (torch.randn(4, 5, 8, dtype=torch.float64), torch.randint(0, 3, (4,)))
+    smap = symmetry_map(model)
+    runs = []
+    for device in ("cpu", CUDA):
+        if device == CUDA:
+            monkeypatch.setattr(parking.tempfile, "TemporaryFile", lambda: pytest.fail("a file on the device"))
+        m = copy.deepcopy(model).to(device)
+        params = {k: v.detach() for k, v in m.named_parameters()}
+        space = ProductSpace(params, gl_pair_factors(smap.groups, "mix"), smap.adaptive_masks)
+        assert (len(space.rest_groups) == 1) == (device == CUDA)
+        b = (batch[0].to(device), batch[1].to(device))
+        runs.append(apgd(space.value_and_grad(lambda p: model_loss(m, p, b)), space, 0.3, n_iter=8,
+                         random_start=True, generator=torch.Generator().manual_seed(2), park_bytes=0))
+    assert runs[1].values == pytest.approx(runs[0].values, rel=RTOL, abs=ATOL)

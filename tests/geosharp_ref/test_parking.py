@@ -1,5 +1,5 @@
-"""Parking tensors in an anonymous temporary file (geosharp_ref.parking): values back bit for bit in the same
-objects, the memory freed meanwhile, nothing left behind, nothing lost when parking cannot help."""
+"""Parking tensors in an anonymous temporary file or in host memory (geosharp_ref.parking): values back bit for bit
+in the same objects, the memory freed meanwhile, nothing left behind, nothing lost when parking cannot help."""
 import tempfile
 
 import numpy as np
@@ -99,8 +99,8 @@ def test_discard_drops_the_values_and_the_file(tmpdir_only):
 
 @given(sizes=st.lists(st.integers(0, 3000), min_size=1, max_size=5),
        dtype=st.sampled_from([torch.float64, torch.float32, torch.float16, torch.int32]),
-       chunk=st.sampled_from([7, 4096, 1 << 20]), seed=st.integers(0, 2**16))
-def test_round_trip_over_chunk_sizes(sizes, dtype, chunk, seed):
+       chunk=st.sampled_from([7, 4096, 1 << 20]), seed=st.integers(0, 2**16), medium=st.sampled_from(parking.MEDIA))
+def test_round_trip_over_chunk_sizes(sizes, dtype, chunk, seed, medium):
     """Every byte passes through a host buffer of CHUNK_BYTES: storages smaller, equal to and many times larger
     than it come back bit for bit (empty tensors are left alone)."""
     old = parking.CHUNK_BYTES
@@ -109,10 +109,36 @@ def test_round_trip_over_chunk_sizes(sizes, dtype, chunk, seed):
         g = torch.Generator().manual_seed(seed)
         ts = [(torch.randn(n, generator=g, dtype=torch.float64) * 100).to(dtype) for n in sizes]
         expected = [np.frombuffer(t.numpy().tobytes(), dtype=np.uint8).copy() for t in ts]
-        handle = park(ts)
+        handle = park(ts, medium=medium)
         assert handle.nbytes == sum(e.size for e in expected)
         handle.restore()
         for t, e in zip(ts, expected):
             assert np.array_equal(np.frombuffer(t.numpy().tobytes(), dtype=np.uint8), e)
     finally:
         parking.CHUNK_BYTES = old
+
+
+def test_host_parking_frees_the_storages_without_a_file(monkeypatch):
+    """``medium="host"`` (an accelerator's default) keeps a host copy: the storages are freed, no file is made,
+    the same objects get their bits back and views share one storage again."""
+    def no_file():
+        raise AssertionError("host parking made a file")
+    monkeypatch.setattr(parking.tempfile, "TemporaryFile", no_file)
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(200, 30, generator=g, dtype=torch.float64)
+    b, c = a[2:5].mT, torch.randn(9, generator=g).to(torch.float16)
+    snap = _snapshot([a, b, c])
+    refs = [StorageWeakRef(t.untyped_storage()) for t in (a, c)]
+    handle = park([a, b, c], medium="host")
+    assert handle.nbytes == 200 * 30 * 8 + 9 * 2 and all(r.expired() for r in refs)
+    assert all(t.numel() == 0 for t in (a, b, c))
+    handle.restore()
+    _assert_restored([a, b, c], snap)
+    assert b.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()
+
+
+def test_the_default_medium_is_host_memory_for_accelerators_and_the_file_for_the_cpu():
+    assert parking.default_medium(torch.device("cpu")) == "file"
+    assert parking.default_medium(torch.device("cuda", 0)) == parking.default_medium("meta") == "host"
+    with pytest.raises(ValueError, match="unknown parking medium 'disk'"):
+        park([torch.zeros(3)], medium="disk")
