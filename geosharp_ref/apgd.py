@@ -52,7 +52,7 @@ __all__ = ["PARK_BYTES", "Space", "ModelSpace", "apgd_checkpoints", "apgd", "APG
            "apgd_step", "lincomb", "combine", "EuclideanSpace"]
 
 
-#: Auto-PGD keeps an older best point of at least this many bytes in a temporary file (see :func:`apgd`)
+#: Auto-PGD parks an older best point of at least this many bytes (:mod:`geosharp_ref.parking`; see :func:`apgd`)
 PARK_BYTES = 1 << 28
 
 

@@ -11,8 +11,9 @@ values (bit for bit, at new addresses; tensors that shared a storage share one a
 
 An accelerator's storages wait in host memory instead (``medium`` "host", the default for them): one copy each
 way over the bus frees the device's memory, where a file would add a write and a read through the host on top
-(``benchmarks/RESULTS.md``, section 6, says what was measured). The CPU's storages go to the file, where host
-memory is the memory to free; ``medium`` chooses either for any storage.
+(a choice made on that count, not yet timed on a GPU: ``benchmarks/profile_cuda.py`` has a row for each medium;
+``benchmarks/RESULTS.md``, section 6). The CPU's storages go to the file, where host memory is the memory to
+free; ``medium`` chooses either for any storage.
 
 Parking never loses values: a tensor not passed in that shares a parked storage (a view made earlier) keeps
 that storage alive and unchanged (memory is then not saved), and when the file cannot be written (e.g. a full
@@ -53,7 +54,8 @@ def _chunks(view: torch.Tensor):
 
 
 class Parked:
-    """Tensors whose storages wait in an anonymous temporary file (see the module doc); :meth:`restore` once."""
+    """Tensors whose storages wait in an anonymous temporary file or in host memory (see the module doc);
+    :meth:`restore` once."""
 
     def __init__(self, file, groups):
         # groups: [(offset in the file or the host copy (a uint8 tensor), nbytes, device,
@@ -67,34 +69,47 @@ class Parked:
 
     def restore(self) -> None:
         """Point every parked tensor at its old values again (a new storage per old one, read from the file or
-        copied from host memory)."""
+        copied from host memory). Where a new storage cannot be had (no memory), the error propagates and the
+        storages not yet restored stay parked: a second call restores them."""
         if not self._groups:
             return
-        try:
-            in_file = [n for where, n, _, _ in self._groups if not torch.is_tensor(where)]
-            stage = torch.empty(min(CHUNK_BYTES, max(in_file)), dtype=torch.uint8) if in_file else None
-            for where, nbytes, device, views in self._groups:
-                storage = torch.empty(nbytes, dtype=torch.uint8, device=device).untyped_storage()
-                if torch.is_tensor(where):  # a host-memory copy
-                    _bytes_of(storage).copy_(where)
-                else:
-                    self._file.seek(where)
-                    for part in _chunks(_bytes_of(storage)):
-                        host = stage[:part.numel()]
-                        if self._file.readinto(memoryview(host.numpy())) != part.numel():
-                            raise OSError("parking: the temporary file was truncated")
-                        part.copy_(host)
-                with torch.no_grad():
-                    for t, storage_offset, size, stride in views:
-                        t.set_(storage, storage_offset, size, stride)
-        finally:
-            self.discard()
+        in_file = [n for where, n, _, _ in self._groups if not torch.is_tensor(where)]
+        stage = torch.empty(min(CHUNK_BYTES, max(in_file)), dtype=torch.uint8) if in_file else None
+        while self._groups:
+            where, nbytes, device, views = self._groups[0]
+            storage = torch.empty(nbytes, dtype=torch.uint8, device=device).untyped_storage()
+            if torch.is_tensor(where):  # a host-memory copy
+                _bytes_of(storage).copy_(where)
+            else:
+                self._file.seek(where)
+                for part in _chunks(_bytes_of(storage)):
+                    host = stage[:part.numel()]
+                    if self._file.readinto(memoryview(host.numpy())) != part.numel():
+                        raise OSError("parking: the temporary file was truncated")
+                    part.copy_(host)
+            with torch.no_grad():
+                for t, storage_offset, size, stride in views:
+                    t.set_(storage, storage_offset, size, stride)
+            self._groups.pop(0)
+        self.discard()
 
     def discard(self) -> None:
         """Close the file without restoring (the parked tensors stay empty)."""
         if self._file is not None:
             self._file.close()
         self._file, self._groups = None, []
+
+
+class _NoHostMemory(Exception):
+    """Host memory could not hold a parked storage's copy."""
+
+
+def _host_bytes(nbytes: int) -> torch.Tensor:
+    """A new uint8 host tensor of ``nbytes`` (:class:`_NoHostMemory` where the allocation fails)."""
+    try:
+        return torch.empty(nbytes, dtype=torch.uint8)
+    except RuntimeError as e:  # the CPU allocator's out-of-memory error (torch.OutOfMemoryError included)
+        raise _NoHostMemory(str(e)) from e
 
 
 def park(tensors, medium: str | None = None) -> Parked:
@@ -127,10 +142,12 @@ def park(tensors, medium: str | None = None) -> Parked:
                     file.write(memoryview(host.numpy()))
                 groups.append((offset, s.nbytes(), s.device, views))
             else:
-                groups.append((_bytes_of(s).to("cpu", copy=True), s.nbytes(), s.device, views))
+                copy = _host_bytes(s.nbytes())
+                copy.copy_(_bytes_of(s))  # a device's error here propagates: nothing is emptied yet
+                groups.append((copy, s.nbytes(), s.device, views))
         if file is not None:
             file.flush()
-    except (OSError, RuntimeError):  # nothing is emptied before every byte is written (RuntimeError: no host memory)
+    except (OSError, _NoHostMemory):  # nothing is emptied before every byte is saved
         if file is not None:
             file.close()
         return Parked(None, [])

@@ -158,11 +158,13 @@ def test_llama_rows_quotient_rope_vo_and_gated_units():
 
 def test_the_cuda_profile_runs_quick_on_the_cpu_and_its_rows_agree():
     """``benchmarks/profile_cuda.py --quick`` (meant for a lent GPU) runs on the CPU: the floor, every row, the
-    profiler tables; the rows of one measure (rest per parameter, grouped, parking off) give the same sharpness."""
+    profiler tables, and the rows of one measure give the same sharpness. (On the CPU the rows differ in their
+    parking only, which this tiny vector never reaches: what is tested is that the script keeps working.)"""
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "profile_cuda.py"), "--quick", "--batch", "2",
                         "--iters", "2", "--rows", "3"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     rows = [line for line in p.stdout.splitlines() if ", rest " in line]
-    assert "floor: forward+backward" in p.stdout and "kernel launches" in p.stdout and len(rows) == 6
+    assert "floor: forward+backward" in p.stdout and "kernel launches" in p.stdout and len(rows) == 8
+    assert "phases of one adaptive evaluation" in p.stdout and "f_and_grad" in p.stdout
     for measure in ("adaptive", "geodesic-inv"):
         assert len({line.split("sharpness ")[1] for line in rows if line.startswith(measure + ",")}) == 1

@@ -148,6 +148,7 @@ class ProductSpace:
         self.rest_groups = byte_groups(rest, rest_group_bytes)
         self._rest_shapes = [[rest[j].shape for j in r] for r in self.rest_groups]
         # a group's flat mask (1 where no mask applies), built once where a group of several parameters has one
+        # (a bool per element of such a group, kept beside self.masks; groups form on accelerators only)
         self._rest_masks = [None if len(r) == 1 or all(self.masks[j] is None for j in r) else
                             flat([torch.ones_like(rest[j], dtype=torch.bool) if self.masks[j] is None
                                   else self.masks[j].expand(rest[j].shape) for j in r])
@@ -270,7 +271,8 @@ class ProductSpace:
         """Σᵢ cᵢ ξᵢ (``terms`` = [(cᵢ, ξᵢ)], cᵢ numbers or 0-d tensors); each factor combines its blocks and
         states (hook ``lincomb``). ``consume``: one of the terms' vectors, released as the sum is formed (each of
         its entries, and its factor states, set to None once the result's entries that read it exist), so the
-        sum needs no storage beyond one factor's blocks or one parameter at a time on top of its terms."""
+        sum needs no storage beyond one factor's blocks or one rest group at a time on top of its terms (one
+        parameter on the CPU)."""
         split = [(c, self._split(v)) for c, v in terms]
         gone = next((p for (_, p), (_, v) in zip(split, terms) if v is consume), None) if consume is not None else None
         parts, states, i = [], [], 0

@@ -142,3 +142,35 @@ def test_the_default_medium_is_host_memory_for_accelerators_and_the_file_for_the
     assert parking.default_medium(torch.device("cuda", 0)) == parking.default_medium("meta") == "host"
     with pytest.raises(ValueError, match="unknown parking medium 'disk'"):
         park([torch.zeros(3)], medium="disk")
+
+
+def test_nothing_is_parked_when_host_memory_cannot_hold_a_copy(monkeypatch):
+    def no_memory(nbytes):
+        raise parking._NoHostMemory("DefaultCPUAllocator: not enough memory")
+    monkeypatch.setattr(parking, "_host_bytes", no_memory)
+    a, b = torch.randn(40, dtype=torch.float64), torch.randn(7)
+    expected = [a.clone(), b.clone()]
+    handle = park([a, b], medium="host")
+    assert handle.nbytes == 0 and torch.equal(a, expected[0]) and torch.equal(b, expected[1])
+
+
+def test_a_restore_without_memory_keeps_what_it_could_not_restore_parked(monkeypatch):
+    """A restore that cannot allocate a storage raises and leaves that storage (and those after it) parked; a
+    second restore gives them back: no value is lost."""
+    a, b = torch.randn(30, dtype=torch.float64), torch.randn(11, dtype=torch.float64)
+    expected = [a.clone(), b.clone()]
+    handle = park([a, b], medium="host")
+    real_empty, calls = torch.empty, []
+
+    def second_fails(*args, **kwargs):
+        calls.append(args)
+        if sum(1 for c in calls if c and c[0]) == 2:  # the second new storage (not an empty tensor's)
+            raise RuntimeError("out of memory")
+        return real_empty(*args, **kwargs)
+    monkeypatch.setattr(parking.torch, "empty", second_fails)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        handle.restore()
+    monkeypatch.setattr(parking.torch, "empty", real_empty)
+    assert torch.equal(a, expected[0]) and b.numel() == 0 and handle.nbytes == 11 * 8
+    handle.restore()
+    assert torch.equal(b, expected[1]) and handle.nbytes == 0
