@@ -199,10 +199,12 @@ def _apgd_keeping_every_vector(f_and_grad, space, rho, n_iter, generator, moment
 
 
 @pytest.mark.parametrize("metric", ["inv", "mix"])
-def test_lean_loop_visits_the_iterates_of_the_loop_keeping_every_vector(metric):
+@pytest.mark.parametrize("keep", [False, True])
+def test_lean_loop_visits_the_iterates_of_the_loop_keeping_every_vector(metric, keep):
     """Dropping spent vectors (the gradient once d is formed, d and x_prev once x_new is) changes no iterate: on a
     tiny Llama (RoPE Q/K pairs, V/O pairs, gated-MLP units, adaptive rest; float64, random start, restarts
-    included) the values and the best point agree with the loop that holds every vector to 1e-12."""
+    included) the values and the best point agree with the loop that holds every vector to 1e-12, whether a
+    restart takes the best point's kept gradient or evaluates it again (``keep_best_gradient``)."""
     from geosharp_ref.forward import model_loss
     from geosharp_ref.sharpness.pipeline import build_space
     from geosharp_ref.symmetry import find_symmetries, symmetry_map
@@ -221,11 +223,14 @@ def test_lean_loop_visits_the_iterates_of_the_loop_keeping_every_vector(metric):
     def counted(xi):
         points.append(xi)
         return f_and_grad(xi)
-    res = apgd(counted, space, 0.5, n_iter=12, random_start=True, generator=torch.Generator().manual_seed(3))
+    res = apgd(counted, space, 0.5, n_iter=12, random_start=True, generator=torch.Generator().manual_seed(3),
+               keep_best_gradient=keep)
     values, best = _apgd_keeping_every_vector(f_and_grad, space, 0.5, 12, torch.Generator().manual_seed(3))
     assert len(res.values) == len(values) == 13
-    # a restart from an older best point happened: its gradient was evaluated again there (not kept)
-    assert len(points) > 13 and any(p is q for i, p in enumerate(points) for q in points[:i])
+    if keep:  # a restart takes the best point's kept gradient: one evaluation per iteration and the start
+        assert len(points) == 13
+    else:  # a restart from an older best point happened: its gradient was evaluated again there
+        assert len(points) > 13 and any(p is q for i, p in enumerate(points) for q in points[:i])
     np.testing.assert_allclose(res.values, values, rtol=1e-12, atol=1e-15)
     assert len(res.best_xi) == len(best)
     for a, b in zip(res.best_xi, best):
@@ -274,10 +279,10 @@ def gc_of_this_test():
 
 def test_apgd_keeps_at_most_three_vectors_alive_while_evaluating(gc_of_this_test):
     """While f and its gradient are evaluated, Auto-PGD holds the new point, the current iterate (the next x_prev) and
-    an older best point: at most three tangent vectors and no gradient (the best point's gradient is evaluated again
-    on a restart instead of kept; the loop that held x_prev, the spent gradient and the best point's gradient keeps
-    six or more on this objective, whose steps overshoot so that the best point is often an older one). Every
-    evaluation counts, the re-evaluations on restarts included."""
+    an older best point: at most three tangent vectors and no gradient (with ``keep_best_gradient=False``, the
+    best point's gradient is evaluated again on a restart instead of kept; the loop that held x_prev, the spent
+    gradient and the best point's gradient keeps six or more on this objective, whose steps overshoot so that the
+    best point is often an older one). Every evaluation counts, the re-evaluations on restarts included."""
     dim = 64
     gen = torch.Generator().manual_seed(0)
     c = torch.randn(dim, generator=gen, dtype=torch.float64)
@@ -299,8 +304,36 @@ def test_apgd_keeps_at_most_three_vectors_alive_while_evaluating(gc_of_this_test
 
     assert most_alive(lambda g: _apgd_keeping_every_vector(f_and_grad, space, 0.7, 20, g)[0]) >= 6  # counts right
     kept = list(alive)
-    assert most_alive(lambda g: apgd(f_and_grad, space, 0.7, n_iter=20, random_start=True, generator=g).values) <= 3
+    assert most_alive(lambda g: apgd(f_and_grad, space, 0.7, n_iter=20, random_start=True, generator=g,
+                                     keep_best_gradient=False).values) <= 3
     assert len(alive) > len(kept) == 21  # restarts from older best points re-evaluated their gradient
+
+
+def test_keeping_the_best_points_gradient_saves_the_restarts_evaluations_for_one_vector(gc_of_this_test):
+    """``keep_best_gradient=True`` (the default below :data:`KEEP_GRADIENT_BYTES`): the same iterates bit for bit as the
+    run that evaluates the best point's gradient again on each restart, one gradient evaluation per iteration and
+    the start (none on a restart), and at most one tangent vector more alive while evaluating (that gradient)."""
+    dim = 64
+    gen = torch.Generator().manual_seed(0)
+    c = torch.randn(dim, generator=gen, dtype=torch.float64)
+    c = 0.2 * c / c.norm()
+
+    def run(keep):
+        space, alive = _CountingBall(dim), []  # a fresh record per run (an earlier run's best point stays alive)
+
+        def f_and_grad(x):
+            gc.collect()
+            alive.append(len(space.made))
+            v = x[0]
+            return float(-((v - c) ** 2).sum()), space.keep([-2 * (v - c)])
+        res = apgd(f_and_grad, space, 0.7, n_iter=20, random_start=True, generator=torch.Generator().manual_seed(1),
+                   keep_best_gradient=keep)
+        return res, len(alive), max(alive)
+    (lean, n_lean, most_lean), (kept, n_kept, most_kept) = run(False), run(True)
+    assert run(None)[1] == n_kept  # the default keeps it for this small vector
+    assert kept.values == lean.values and all(torch.equal(a, b) for a, b in zip(kept.best_xi, lean.best_xi))
+    assert n_kept == 21 < n_lean  # restarts happened, and cost no evaluation with the kept gradient
+    assert most_kept <= most_lean + 1
 
 
 def test_apgd_forms_the_next_iterate_in_the_direction_s_place(gc_of_this_test):
@@ -329,7 +362,7 @@ def test_apgd_forms_the_next_iterate_in_the_direction_s_place(gc_of_this_test):
             v = x[0]
             return float(-((v - c) ** 2).sum()), space.keep([-2 * (v - c)])
         return apgd(f_and_grad, space, 0.7, n_iter=20, random_start=True,
-                    generator=torch.Generator().manual_seed(1)).values
+                    generator=torch.Generator().manual_seed(1), keep_best_gradient=False).values
 
     lean, keeping = Recording(dim, True), Recording(dim, False)
     assert run(lean) == run(keeping)
@@ -366,7 +399,7 @@ def test_an_older_best_point_is_parked_and_the_iterates_do_not_change(tmp_path, 
             return float(-((v - c) ** 2).sum()), space.keep([-2 * (v - c)])
         holding.clear()
         return apgd(f_and_grad, space, 0.7, n_iter=20, random_start=True, generator=torch.Generator().manual_seed(1),
-                    park_bytes=park_bytes)
+                    park_bytes=park_bytes, keep_best_gradient=False)
     kept = run(None)
     assert max(holding) == 3 and not parks
     parked = run(0)
