@@ -25,16 +25,17 @@ Initial η = 2ρ. At checkpoints w_j = ⌈p_j N⌉, p₀ = 0, p₁ = 0.22,
 p_{j+1} = p_j + max(p_j − p_{j−1} − 0.03, 0.06), the step is halved and the iterate restarts from
 the best point when (1) fewer than 75 % of the steps since the last checkpoint increased f, or
 (2) the step was not halved at the last checkpoint and the best value has not improved since.
-The best iterate is kept, and with it its gradient (``keep_best_gradient``; by default where the vector holds
-fewer than :data:`KEEP_GRADIENT_BYTES`), so a restart from a best point older than the current iterate costs no
-gradient evaluation: ``n_iter`` of them follow the one at the start. For larger vectors, where memory counts,
-the best point's gradient is evaluated again at each restart instead (one more evaluation per restart: 5 of the
-26 of a 20-iteration run on MiniLM; f and its gradient are deterministic functions of the point, so the iterates
-are those of keeping it, and a parameter-sized vector fewer is alive between restarts). A best point older than
-the current iterate is parked (:mod:`geosharp_ref.parking`: an anonymous temporary file on the CPU, host memory
-on an accelerator) once the momentum step has used it (as x_prev) when it is large
-(``park_bytes``, default :data:`PARK_BYTES` = 256 MiB: a 135 M-parameter float64 model's vector is 1.1 GB), and
-restored bit for bit on a restart or at the end; the iterates do not change.
+The best iterate is kept, and with it its gradient (``keep_best_gradient``; by default where the vector holds fewer
+bytes than :data:`KEEP_GRADIENT_BYTES` and than ``park_bytes``), so a restart from a best point older than the
+current iterate costs no gradient evaluation: ``n_iter`` of them follow the one at the start. For larger vectors,
+where memory counts, the best point's gradient is evaluated again at each restart instead (one more evaluation per
+restart: 5 of the 26 of a 20-iteration run on MiniLM; where f and its gradient are deterministic functions of the
+point, as on the CPU, the iterates are those of keeping it bit for bit, and a parameter-sized vector fewer is alive
+between restarts; on a GPU a backward pass that accumulates with atomics can differ in its last bits when
+repeated). A best point older than the current iterate is parked (:mod:`geosharp_ref.parking`: an anonymous
+temporary file on the CPU, host memory on an accelerator) once the momentum step has used it (as x_prev) when it is
+large (``park_bytes``, default :data:`PARK_BYTES` = 256 MiB: a 135 M-parameter float64 model's vector is 1.1 GB),
+and restored bit for bit on a restart or at the end; the iterates do not change.
 
 Host synchronisation: the step normalisation stays on the device; the only value read back per
 iteration is f (returned as a float by ``f_and_grad``), which the best-iterate and step-size
@@ -77,14 +78,18 @@ class Space(Protocol):
       d = P_ℋ 𝔾⁻¹ ∂f/∂ξ, and then g(ξ, d) = ⟨ξ, ∂f/∂ξ⟩_F, g(d, d) = ⟨d, ∂f/∂ξ⟩_F: element-wise pairings), with
       the two pairings Auto-PGD needs for ‖x + t d‖² (any inner product: the space computes them as it can).
       ``consume=True``: ``grad`` is not used afterwards, and the space may release its tensors as d is formed.
+      ``consume=False``: ``grad`` stays usable, and a second call with it gives the same d and pairings bit for
+      bit (a space may cache what the first call computed in ``grad``): Auto-PGD steps a second time from the
+      best point's kept gradient on a restart.
     * ``lincomb(terms, consume=None)`` — Σ cᵢ ξᵢ for ``terms`` = [(cᵢ, ξᵢ)], cᵢ numbers or 0-d tensors;
       ``consume``: one of the ξᵢ that is not used afterwards (the space may release its tensors as the sum is
       formed).
 
-    Ownership: Auto-PGD passes ``consume`` for the gradient once the ascent direction is formed from it and for
-    the direction once the next iterate is, so a space that releases them holds the direction in place of the
-    gradient and the new iterate in place of the direction (a parameter-sized vector fewer at a time); a
-    space may also ignore ``consume`` (the values are the same).
+    Ownership: Auto-PGD passes ``consume`` for the gradient once the ascent direction is formed from it (unless it
+    keeps that gradient, the best point's, for a restart) and for the direction once the next iterate is, so a
+    space that releases them holds the direction in place of the gradient and the new iterate in place of the
+    direction (a parameter-sized vector fewer at a time); a space may also ignore ``consume`` (the values are the
+    same).
     * ``scale(xi, s)`` — s ξ (s a number or a 0-d tensor).
     """
 
@@ -274,7 +279,8 @@ def apgd(f_and_grad, space: Space, rho: float, n_iter: int = 20, random_start: b
     until a restart or the end needs it (:mod:`geosharp_ref.parking`: the same tensor objects get their values back
     bit for bit, so the iterates are unchanged; None: never). ``keep_best_gradient``: keep the best point's
     gradient for a restart (True), or evaluate it again there (False; a vector fewer alive); None: keep it where
-    the vector holds fewer than :data:`KEEP_GRADIENT_BYTES` bytes (see the module doc)."""
+    the vector holds fewer than :data:`KEEP_GRADIENT_BYTES` bytes and fewer than ``park_bytes`` (see the module
+    doc)."""
     if start is not None:
         x = [t.clone() for t in start]
     else:
@@ -284,7 +290,9 @@ def apgd(f_and_grad, space: Space, rho: float, n_iter: int = 20, random_start: b
     f, g = f_and_grad(x)
     f0 = f
     values, steps = [f], []
-    keep = _nbytes(x) < KEEP_GRADIENT_BYTES if keep_best_gradient is None else bool(keep_best_gradient)
+    n = _nbytes(x)  # a vector Auto-PGD would park is not kept beside its parked point (that would halve the saving)
+    keep = (n < KEEP_GRADIENT_BYTES and (park_bytes is None or n < park_bytes) if keep_best_gradient is None
+            else bool(keep_best_gradient))
     x_best, f_best, xx_best = x, f, xx
     g_best = g if keep else None  # the best point's gradient (not kept: evaluated again on a restart)
     parked = None  # x_best's tensors in a temporary file while it is older than x (park_bytes)
@@ -299,9 +307,10 @@ def apgd(f_and_grad, space: Space, rho: float, n_iter: int = 20, random_start: b
         # apgd_step, with every vector dropped once spent: the space forms d in the gradient's place and x_new
         # in d's (consume), x_prev is dropped once x_new exists (it stays alive only while it is the best point),
         # so three tangent vectors are alive while combining (x, x_prev, d becoming x_new) and x, x_new, the
-        # perturbed parameters and the new gradient while evaluating, besides an older best point (and its gradient,
-        # where kept)
-        # d formed in the gradient's place, unless that gradient is the best point's, kept for a restart
+        # perturbed parameters and the new gradient while evaluating, besides an older best point. With the best
+        # point's gradient kept (keep), that gradient is alive throughout as well (with the factors' states it
+        # carries: for the fast GL factor its cotangent blocks and Gram products), and when x is the best point d
+        # is formed beside it, not in its place
         ascent = space.ascent_step(x, g, consume=not (keep and x is x_best))
         g = g_new = None
         x_new = _next_iterate(space, x, x_prev, ascent, xx, eta, rho, 1.0 if k == 0 else momentum, consume=True)
