@@ -94,7 +94,8 @@ class Parked:
         self.discard()
 
     def discard(self) -> None:
-        """Close the file without restoring (the parked tensors stay empty)."""
+        """Drop the parked bytes without restoring (the file closed, the host copies released; the parked tensors
+        stay empty)."""
         if self._file is not None:
             self._file.close()
         self._file, self._groups = None, []

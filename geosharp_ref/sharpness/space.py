@@ -249,7 +249,8 @@ class ProductSpace:
         for b, x, e, s in zip(self.bound, px, pe, sx):
             total = total + b.inner(x, e, s if same else None)
         for k in range(len(self.rest_groups)):
-            x, e = self._rest_group(k, ax), self._rest_group(k, ae)
+            x = self._rest_group(k, ax)
+            e = x if same else self._rest_group(k, ae)  # a norm flattens its group once
             total = total + torch.dot(x * self._inverse(self._group_scale2(k)), e)
         return torch.as_tensor(total)
 

@@ -1,5 +1,6 @@
 """Auto-PGD: checkpoint schedule, and agreement with exact trust-region maxima (rung 6 flavour)."""
 import gc
+import importlib
 import math
 import weakref
 
@@ -10,6 +11,26 @@ from hypothesis import given, settings, strategies as st
 
 from geosharp_ref.apgd import EuclideanSpace, Space, apgd, apgd_checkpoints, lincomb, radial_clip
 from tests.cases import trust_region_max
+
+#: the module geosharp_ref.apgd (``from geosharp_ref import apgd`` can give the function the package exports)
+APGD_MODULE = importlib.import_module("geosharp_ref.apgd")
+
+
+def _tiny_llama_space(metric):
+    """``(space, f_and_grad)`` on a tiny Llama in float64 with every symmetry found (RoPE Q/K pairs, V/O pairs,
+    gated-MLP units) and the adaptive rest; one batch of 3 × 7 tokens."""
+    from geosharp_ref.forward import model_loss
+    from geosharp_ref.sharpness.pipeline import build_space
+    from geosharp_ref.symmetry import find_symmetries, symmetry_map
+    from tests.cases import models
+    torch.manual_seed(0)
+    model = models.llama(initializer_range=0.5).double().eval()
+    ids = torch.randint(3, 50, (3, 7), generator=torch.Generator().manual_seed(1))
+    batch = ({"input_ids": ids}, torch.cat([ids[:, 1:], torch.full((3, 1), -100)], 1))
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    space = build_space(params, symmetry_map(model), metric,
+                        find_symmetries(model, batch, metric=metric, seed=0).bindings)
+    return space, space.value_and_grad(lambda p: model_loss(model, p, batch))
 
 
 def test_checkpoints_follow_croce_hein_schedule():
@@ -205,19 +226,8 @@ def test_lean_loop_visits_the_iterates_of_the_loop_keeping_every_vector(metric, 
     tiny Llama (RoPE Q/K pairs, V/O pairs, gated-MLP units, adaptive rest; float64, random start, restarts
     included) the values and the best point agree with the loop that holds every vector to 1e-12, whether a
     restart takes the best point's kept gradient or evaluates it again (``keep_best_gradient``)."""
-    from geosharp_ref.forward import model_loss
-    from geosharp_ref.sharpness.pipeline import build_space
-    from geosharp_ref.symmetry import find_symmetries, symmetry_map
-    from tests.cases import models
-    torch.manual_seed(0)
-    model = models.llama(initializer_range=0.5).double().eval()
-    ids = torch.randint(3, 50, (3, 7), generator=torch.Generator().manual_seed(1))
-    batch = ({"input_ids": ids}, torch.cat([ids[:, 1:], torch.full((3, 1), -100)], 1))
-    params = {n: p.detach() for n, p in model.named_parameters()}
-    smap = symmetry_map(model)
-    space = build_space(params, smap, metric, find_symmetries(model, batch, metric=metric, seed=0).bindings)
+    space, f_and_grad = _tiny_llama_space(metric)
     assert space.factors and space.adaptive_names  # factors and an adaptive rest
-    f_and_grad = space.value_and_grad(lambda p: model_loss(model, p, batch))
     points = []
 
     def counted(xi):
@@ -378,11 +388,10 @@ def test_an_older_best_point_is_parked_and_the_iterates_do_not_change(tmp_path, 
     temporary directory, and the values and the best point equal the run that keeps it (bit for bit: the same
     tensor objects get their bytes back)."""
     import tempfile
-    from geosharp_ref import apgd as apgd_module
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     parks = []
-    real_park = apgd_module.park
-    monkeypatch.setattr(apgd_module, "park", lambda ts: parks.append(1) or real_park(ts))
+    real_park = APGD_MODULE.park
+    monkeypatch.setattr(APGD_MODULE, "park", lambda ts: parks.append(1) or real_park(ts))
     dim = 64
     gen = torch.Generator().manual_seed(0)
     c = torch.randn(dim, generator=gen, dtype=torch.float64)
@@ -416,20 +425,9 @@ def test_parking_changes_no_iterate_on_a_decoder_with_every_symmetry(monkeypatch
     """On a tiny Llama with every symmetry (the fast GL factor's vectors carry Gram tables that refer to the parked
     tensors), Auto-PGD with every older best point parked gives the values and the best point of the run that
     keeps it, bit for bit."""
-    from geosharp_ref.forward import model_loss
-    from geosharp_ref.sharpness.pipeline import build_space
-    from geosharp_ref.symmetry import find_symmetries, symmetry_map
-    from tests.cases import models
-    torch.manual_seed(0)
-    model = models.llama(initializer_range=0.5).double().eval()
-    ids = torch.randint(3, 50, (3, 7), generator=torch.Generator().manual_seed(1))
-    batch = ({"input_ids": ids}, torch.cat([ids[:, 1:], torch.full((3, 1), -100)], 1))
-    params = {n: p.detach() for n, p in model.named_parameters()}
-    space = build_space(params, symmetry_map(model), "mix", find_symmetries(model, batch, metric="mix", seed=0).bindings)
-    f_and_grad = space.value_and_grad(lambda p: model_loss(model, p, batch))
-    from geosharp_ref import apgd as apgd_module
-    parks, real_park = [], apgd_module.park
-    monkeypatch.setattr(apgd_module, "park", lambda ts: parks.append(len(ts)) or real_park(ts))
+    space, f_and_grad = _tiny_llama_space("mix")
+    parks, real_park = [], APGD_MODULE.park
+    monkeypatch.setattr(APGD_MODULE, "park", lambda ts: parks.append(len(ts)) or real_park(ts))
     runs = [apgd(f_and_grad, space, 0.5, n_iter=12, random_start=True, generator=torch.Generator().manual_seed(3),
                  park_bytes=b) for b in (None, 0)]
     assert parks and all(n == len(runs[0].best_xi) for n in parks)
@@ -442,18 +440,7 @@ def test_a_kept_best_gradient_gives_the_iterates_of_evaluating_it_again_bit_for_
     """On a tiny Llama with every symmetry (the fast GL factor's gradients carry Gram products that a first ascent
     step adds to and a second reuses), restarts from the kept gradient and from a new evaluation at the best point
     give the same values and best point, bit for bit, with fewer evaluations."""
-    from geosharp_ref.forward import model_loss
-    from geosharp_ref.sharpness.pipeline import build_space
-    from geosharp_ref.symmetry import find_symmetries, symmetry_map
-    from tests.cases import models
-    torch.manual_seed(0)
-    model = models.llama(initializer_range=0.5).double().eval()
-    ids = torch.randint(3, 50, (3, 7), generator=torch.Generator().manual_seed(1))
-    batch = ({"input_ids": ids}, torch.cat([ids[:, 1:], torch.full((3, 1), -100)], 1))
-    params = {n: p.detach() for n, p in model.named_parameters()}
-    space = build_space(params, symmetry_map(model), metric,
-                        find_symmetries(model, batch, metric=metric, seed=0).bindings)
-    f_and_grad = space.value_and_grad(lambda p: model_loss(model, p, batch))
+    space, f_and_grad = _tiny_llama_space(metric)
     calls = []
 
     def counted(xi):
