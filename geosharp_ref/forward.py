@@ -20,9 +20,9 @@ from torch.func import functional_call
 
 from .precision import keep_float64
 
-__all__ = ["IGNORE_INDEX", "model_logits", "check_targets", "default_loss", "call_model", "model_loss", "to_device",
-           "check_finite_batch", "float64_inputs", "LengthBuckets", "length_buckets", "check_length_buckets",
-           "padded_extent",
+__all__ = ["IGNORE_INDEX", "model_logits", "check_targets", "default_loss", "call_model", "model_loss",
+           "group_by_group_loss", "to_device", "check_finite_batch", "float64_inputs", "LengthBuckets",
+           "length_buckets", "check_length_buckets", "padded_extent",
            "batch_to_device", "model_device"]
 
 
@@ -88,11 +88,46 @@ def call_model(model, params, inputs):
 
 def model_loss(model, params, batch, loss_fn=default_loss):
     """``loss_fn(logits of model at params on inputs, targets)`` for a batch ``(inputs, targets)``; for a
-    :class:`LengthBuckets` Σ_k w_k · (the same on group k)."""
+    :class:`LengthBuckets` Σ_k w_k · (the same on group k). With :func:`default_loss` the K groups run inside one
+    ``functional_call`` (the parameters are put in place once, not K times: :class:`_GroupsLoss`; the same
+    operations in the same order as :func:`group_by_group_loss`, the readable reference, so the same value and
+    gradient bit for bit). Another ``loss_fn`` may read the model or cast the logits, so it runs as before: once
+    per group, after the call, with the model's own parameters back in place and outside
+    :func:`~geosharp_ref.precision.keep_float64`."""
     if isinstance(batch, LengthBuckets):
-        return sum(w * model_loss(model, params, group, loss_fn) for w, group in zip(batch.weights, batch.groups))
+        if loss_fn is not default_loss or not isinstance(params, dict) \
+                or any(isinstance(g, LengthBuckets) for g in batch.groups):
+            return group_by_group_loss(model, params, batch, loss_fn)
+        first = next(iter(params.values()), None)
+        return functional_call(_GroupsLoss(model, first is not None and first.dtype is torch.float64),
+                               {"model." + n: t for n, t in params.items()}, args=(batch,))
     inputs, targets = batch
     return loss_fn(model_logits(call_model(model, params, inputs)), targets)
+
+
+def group_by_group_loss(model, params, batch, loss_fn=default_loss):
+    """Σ_k w_k · loss_fn(logits of model at params on group k, its targets) for a :class:`LengthBuckets`, one
+    ``functional_call`` per group: the reference :func:`model_loss`'s one-call path is tested against."""
+    return sum(w * model_loss(model, params, group, loss_fn) for w, group in zip(batch.weights, batch.groups))
+
+
+class _GroupsLoss(torch.nn.Module):
+    """The :func:`default_loss` of a :class:`LengthBuckets` batch as one module call: ``model`` (a submodule, so
+    its parameters are this module's ``model.*``) on each group in turn (inside
+    :func:`~geosharp_ref.precision.keep_float64` where ``float64``, as :func:`call_model` runs it), Σ_k w_k ·
+    default_loss(logits_k, targets_k) summed as :func:`group_by_group_loss` sums it. ``functional_call`` on it
+    swaps the parameters in (and checks tied weights) once per batch instead of once per group."""
+
+    def __init__(self, model, float64: bool):
+        super().__init__()
+        self.model, self.float64 = model, float64
+
+    def forward(self, batch):
+        def group_loss(inputs, targets):
+            with keep_float64(self.float64):
+                out = self.model(**inputs) if isinstance(inputs, dict) else self.model(inputs)
+            return default_loss(model_logits(out), targets)
+        return sum(w * group_loss(*group) for w, group in zip(batch.weights, batch.groups))
 
 
 def to_device(x, device, dtype):

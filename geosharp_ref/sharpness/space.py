@@ -39,6 +39,12 @@ The rest's operations run on groups of consecutive parameters, one flat tensor p
 (:mod:`~geosharp_ref.sharpness.rest_groups`; hook ``rest_group_bytes``): on accelerators groups of up to
 :data:`~geosharp_ref.sharpness.rest_groups.GROUP_BYTES`, a few kernel launches per operation instead of one per
 parameter; on the CPU, and with ``fast=False``, one parameter per group (the reference path).
+
+The rest's weights c² and 1/c² are the same tensors at every step (θ does not move), so where both together hold
+fewer bytes than :data:`WEIGHT_CACHE_BYTES` (MiniLM's: 182 MB) and ``fast``, each group's are computed once, on
+first use, and kept for the space's life (hook ``cache_rest_weights``); else every operation computes them again
+from θ (no parameter-sized copy kept: the reference path, and the rule for models whose weights would crowd an
+accelerator's memory). The same operations on the same θ, so the values are equal bit for bit either way.
 """
 from __future__ import annotations
 
@@ -53,7 +59,12 @@ from ..geometry import AdaptiveGeometry
 from .exact_geodesic import check_geodesic, exact_bound
 from .rest_groups import GROUP_BYTES, byte_groups, flat, unflat
 
-__all__ = ["ProductSpace", "Tangent", "Cotangents", "SpaceOptions", "GRADIENTS", "frobenius"]
+__all__ = ["ProductSpace", "Tangent", "Cotangents", "SpaceOptions", "GRADIENTS", "frobenius", "WEIGHT_CACHE_BYTES"]
+
+#: the adaptive rest's weights c² and 1/c² are kept, once computed, where together they hold fewer bytes than this
+#: (``ProductSpace(cache_rest_weights=None)``; MiniLM's hold 182 MB); with the length buckets' single
+#: ``functional_call`` 2.5–3.3 % less CPU per Auto-PGD run on the tweets (docs/tweets/timing_rest_weights.json)
+WEIGHT_CACHE_BYTES = 256 << 20
 
 #: how the gradient in ξ is taken (see the module doc)
 GRADIENTS = ("exact", "perturbed")
@@ -109,12 +120,14 @@ class ProductSpace:
     generic version (see the module doc). ``rest_group_bytes``: the largest group of adaptive parameters the
     rest's operations flatten into one tensor (:mod:`~geosharp_ref.sharpness.rest_groups`; 0: one parameter per
     group; None: :data:`~geosharp_ref.sharpness.rest_groups.GROUP_BYTES` where the parameters are on an
-    accelerator and ``fast``, else 0)."""
+    accelerator and ``fast``, else 0). ``cache_rest_weights``: keep each rest group's c² and 1/c² once computed
+    (True), or compute them again in every operation (False); None: keep them where ``fast`` and they hold fewer
+    bytes together than :data:`WEIGHT_CACHE_BYTES`."""
 
     def __init__(self, params: dict, factors=(), adaptive_masks=None, *, geodesic_correction: bool = True,
                  metric_norm: bool = True, gradient: str = "exact", adaptive_offset: float = 0.0,
                  exclude: Iterable[str] = (), fast: bool = True, geodesic: str = "second-order", steps=None,
-                 rest_group_bytes: int | None = None):
+                 rest_group_bytes: int | None = None, cache_rest_weights: bool | None = None):
         if gradient not in GRADIENTS:
             raise ValueError(f"unknown gradient {gradient!r}; choose one of {GRADIENTS} ('exact' differentiates "
                              "through the geodesic correction, 'perturbed' is the paper's Algorithm 1)")
@@ -153,8 +166,12 @@ class ProductSpace:
                             flat([torch.ones_like(rest[j], dtype=torch.bool) if self.masks[j] is None
                                   else self.masks[j].expand(rest[j].shape) for j in r])
                             for r in self.rest_groups]
+        if cache_rest_weights is None:
+            cache_rest_weights = fast and 2 * sum(t.numel() * t.element_size() for t in rest) < WEIGHT_CACHE_BYTES
+        #: per rest group its c² and 1/c² once computed (flat), where kept (``cache_rest_weights``); else None
+        self._weights = [[None, None] for _ in self.rest_groups] if cache_rest_weights else None
 
-    # -- the adaptive weights, computed from θ when used (not stored: each list is parameter-sized) ------
+    # -- the adaptive weights, computed from θ when used (kept per group only where cache_rest_weights) --
     def _each_scale2(self):
         """c² per adaptive parameter, one at a time (the adaptive Riemannian gradient is c² ⊙ ∇); the
         same operations on the same θ every call, so every use sees the same values bit for bit."""
@@ -174,7 +191,24 @@ class ProductSpace:
 
     def _group_scale2(self, k):
         """c² of rest group k as one flat tensor: the same operations as :meth:`_each_scale2`, element by
-        element."""
+        element (kept once computed where the space caches its weights; never modified in place)."""
+        if self._weights is None:
+            return self._compute_group_scale2(k)
+        kept = self._weights[k]
+        if kept[0] is None:
+            kept[0] = self._compute_group_scale2(k)
+        return kept[0]
+
+    def _group_inverse(self, k):
+        """1/c² of rest group k as one flat tensor (:meth:`_inverse` of :meth:`_group_scale2`; kept likewise)."""
+        if self._weights is None:
+            return self._inverse(self._group_scale2(k))
+        kept = self._weights[k]
+        if kept[1] is None:
+            kept[1] = self._inverse(self._group_scale2(k))
+        return kept[1]
+
+    def _compute_group_scale2(self, k):
         r = self.rest_groups[k]
         if len(r) == 1:  # one parameter: its mask as given (possibly broadcast), no flat copy of it kept
             return self._scale2_of(self.base[self.adaptive_names[r[0]]], self.masks[r[0]]).reshape(-1)
@@ -251,7 +285,7 @@ class ProductSpace:
         for k in range(len(self.rest_groups)):
             x = self._rest_group(k, ax)
             e = x if same else self._rest_group(k, ae)  # a norm flattens its group once
-            total = total + torch.dot(x * self._inverse(self._group_scale2(k)), e)
+            total = total + torch.dot(x * self._group_inverse(k), e)
         return torch.as_tensor(total)
 
     def norm(self, xi):

@@ -2,6 +2,7 @@
 plain batch (the readable path): the same loss and gradient in float64, for class targets and per-position
 targets; every measure with ``length_buckets`` gives the plain measure's values; a model whose real positions
 see the padding, and a batch without a mask, are refused; inference by length equals batched inference."""
+import copy as copy_module
 import warnings
 
 import pytest
@@ -9,11 +10,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
+from torch.func import functional_call
 
-from geosharp_ref.forward import IGNORE_INDEX, LengthBuckets, length_buckets, model_loss, padded_extent
+from geosharp_ref.forward import IGNORE_INDEX, LengthBuckets, group_by_group_loss, length_buckets, model_logits, \
+    model_loss, padded_extent
 from geosharp_ref.sharpness import EvaluationOptions, get_measure
 from geosharp_ref.studies.population.training import batched_logits, logits_by_length
-from tests.cases.models import bert, llama
+from tests.cases.models import bert, gpt2, llama
 
 
 def _bert64(seed=0):
@@ -148,6 +151,81 @@ def test_model_loss_of_buckets_is_the_weighted_sum_of_its_groups():
     params = {n: p.detach() for n, p in model.named_parameters()}
     direct = sum(w * float(model_loss(model, params, g)) for w, g in zip(b.weights, b.groups))
     assert isinstance(b, LengthBuckets) and float(model_loss(model, params, b)) == pytest.approx(direct, rel=1e-14)
+
+
+def _causal_batch(model, gen, n=6, length=10):
+    x = _padded(gen, n, length, lo=2, vocab=model.config.vocab_size)
+    x.pop("token_type_ids")
+    targets = torch.where(x["attention_mask"].bool(), torch.randint(0, model.config.vocab_size, (n, length),
+                                                                    generator=gen), IGNORE_INDEX)
+    return x, targets
+
+
+@pytest.mark.parametrize("case", ["bert float32", "bert float64", "gpt2 tied", "llama float64"])
+def test_one_call_over_the_groups_equals_one_call_per_group_bit_for_bit(case):
+    """model_loss puts the parameters in place once per bucketed batch (:class:`_GroupsLoss`); the reference
+    calls the model through functional_call once per group: the same value and every gradient, bit for bit.
+    GPT-2 ties its output layer to the token embedding: a perturbation of the one named parameter reaches both
+    uses in either path (the loss moves, and the two paths still agree). Llama's RMSNorm and softmax would run
+    in float32 inside a float64 model but for :func:`keep_float64`, which the one call must apply as well."""
+    gen = torch.Generator().manual_seed(11)
+    torch.manual_seed(0)
+    if case.startswith("bert"):
+        model = bert().eval() if case == "bert float32" else bert().double().eval()
+        batch = (_padded(gen, 7, 9), torch.randint(0, 3, (7,), generator=gen))
+    elif case == "llama float64":
+        model = llama().double().eval()
+        batch = _causal_batch(model, gen)
+    else:
+        model = gpt2().double().eval()
+        assert model.lm_head.weight is model.transformer.wte.weight  # tied (named once by named_parameters)
+        batch = _causal_batch(model, gen)
+    buckets = length_buckets(batch, 3)
+
+    def loss_and_grads(loss_of, params):
+        leaves = {n: t.detach().clone().requires_grad_(True) for n, t in params.items()}
+        loss = loss_of(model, leaves, buckets)
+        return loss.detach(), torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
+
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    moved = dict(params)
+    if case == "gpt2 tied":
+        moved["transformer.wte.weight"] = params["transformer.wte.weight"] * 1.5
+    for ps in (params, moved):
+        (v1, g1), (v2, g2) = loss_and_grads(model_loss, ps), loss_and_grads(group_by_group_loss, ps)
+        assert torch.equal(v1, v2)
+        assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(g1, g2))
+    if case == "gpt2 tied":  # the tied output layer moved too: as in a copy whose shared weight was scaled in place
+        copy = copy_module.deepcopy(model)
+        with torch.no_grad():
+            copy.transformer.wte.weight.mul_(1.5)
+        v_moved = model_loss(model, moved, buckets)
+        assert float(v_moved) != float(model_loss(model, params, buckets))
+        assert torch.equal(v_moved, model_loss(copy, {n: p.detach() for n, p in copy.named_parameters()}, buckets))
+
+
+def test_a_loss_of_its_own_runs_once_per_group_as_before():
+    """A ``loss_fn`` other than the default may cast the logits or read the model: it runs after each group's
+    call, outside keep_float64 and with the model's own parameters in place, as it always did (the one-call path
+    is the default loss's alone). Here a float32 loss of a float64 model and a penalty on the module's own head:
+    the values are those of the group-by-group reference, computed by hand."""
+    gen = torch.Generator().manual_seed(4)
+    torch.manual_seed(0)
+    model = bert().double().eval()
+    buckets = length_buckets((_padded(gen, 7, 9), torch.randint(0, 3, (7,), generator=gen)), 3)
+    params = {n: p.detach() * 1.01 for n, p in model.named_parameters()}  # not the module's own weights
+
+    def in_float32(logits, targets):
+        return nn.functional.cross_entropy(logits.float(), targets)
+
+    def penalised(logits, targets):
+        return nn.functional.cross_entropy(logits, targets) + model.classifier.weight.square().sum()
+
+    for loss_fn in (in_float32, penalised):
+        by_hand = sum(w * loss_fn(model_logits(functional_call(model, params, args=(), kwargs=x)), y)
+                      for w, (x, y) in zip(buckets.weights, buckets.groups))
+        assert torch.equal(model_loss(model, params, buckets, loss_fn), by_hand)
+    assert model_loss(model, params, buckets, in_float32).dtype == torch.float32
 
 
 @pytest.mark.parametrize("bs", [1, 3, 64])

@@ -1,5 +1,7 @@
 """The adaptive rest in groups (:mod:`geosharp_ref.sharpness.rest_groups`, ``ProductSpace(rest_group_bytes=...)``):
-the grouped operations against the per-parameter reference path, element-wise bit for bit and sums to round-off."""
+the grouped operations against the per-parameter reference path, element-wise bit for bit and sums to round-off;
+and its weights c², 1/c² kept once computed (``ProductSpace(cache_rest_weights=...)``) against computed again in
+every operation, bit for bit through whole Auto-PGD runs."""
 from __future__ import annotations
 
 import importlib
@@ -14,6 +16,7 @@ from geosharp_ref.apgd import apgd
 from geosharp_ref.parking import park
 from geosharp_ref.sharpness import ProductSpace, gl_pair_factors, model_loss
 from geosharp_ref.sharpness.rest_groups import GROUP_BYTES, byte_groups, flat, unflat
+from geosharp_ref.sharpness.space import WEIGHT_CACHE_BYTES
 from geosharp_ref.symmetry import symmetry_map
 from tests.cases import TinyAttention
 
@@ -81,7 +84,7 @@ def test_parking_a_group_frees_its_storage_and_restores_it_bit_for_bit():
     assert parts[0].untyped_storage().data_ptr() == parts[1].untyped_storage().data_ptr()
 
 
-def _spaces(metric, group_bytes, seed=3):
+def _spaces(metric, group_bytes, seed=3, **space_options):
     """The per-parameter reference space and a grouped one at the same θ (float64; some θ entries 0, so c = 0
     there; without factors, masks of the parameter's shape and a broadcast one on the rest)."""
     torch.manual_seed(seed)
@@ -102,8 +105,8 @@ def _spaces(metric, group_bytes, seed=3):
     else:
         smap = symmetry_map(model)
         factors, masks = gl_pair_factors(smap.groups, metric), smap.adaptive_masks
-    ref = ProductSpace(params, factors, masks, rest_group_bytes=0)
-    grouped = ProductSpace(params, factors, masks, rest_group_bytes=group_bytes)
+    ref = ProductSpace(params, factors, masks, rest_group_bytes=0, **space_options)
+    grouped = ProductSpace(params, factors, masks, rest_group_bytes=group_bytes, **space_options)
     return model, batch, ref, grouped
 
 
@@ -190,3 +193,38 @@ def test_spaces_group_the_rest_on_accelerators_only_unless_told():
     meta = {k: torch.empty_like(v, device="meta") for k, v in params.items()}  # an accelerator's tensors
     assert len(ProductSpace(meta).rest_groups) == 1
     assert len(ProductSpace(meta, fast=False).rest_groups) == n  # fast=False: the reference path
+
+
+@pytest.mark.parametrize("metric, rho", [(None, 0.3), ("mix", 3.0)])
+@pytest.mark.parametrize("group_bytes", [0, 300])
+def test_kept_rest_weights_give_the_recomputed_run_bit_for_bit(metric, rho, group_bytes):
+    """The same Auto-PGD run (random start, restarts, parking) with the rest's c² and 1/c² kept and computed
+    again in every operation: every value, step size and the best point equal bit for bit; the kept weights are
+    still what θ gives afterwards (no operation modified them in place), and a space that does not keep them
+    holds none."""
+    model, batch, _, again = _spaces(metric, group_bytes, cache_rest_weights=False)
+    _, _, _, kept = _spaces(metric, group_bytes, cache_rest_weights=True)
+    assert again._weights is None and kept._weights is not None
+    runs = [apgd(space.value_and_grad(lambda p: model_loss(model, p, batch)), space, rho, n_iter=30,
+                 random_start=True, generator=torch.Generator().manual_seed(2), park_bytes=0)
+            for space in (again, kept)]
+    assert runs[0].values == runs[1].values and runs[0].step_sizes == runs[1].step_sizes
+    assert _same(runs[0].best_xi, runs[1].best_xi)
+    assert all(w[0] is not None and w[1] is not None for w in kept._weights)  # every group's were used
+    for k, (c2, inv) in enumerate(kept._weights):
+        assert torch.equal(c2, again._group_scale2(k)) and torch.equal(inv, again._inverse(again._group_scale2(k)))
+
+
+def test_spaces_keep_the_rest_weights_where_fast_and_small_unless_told(monkeypatch):
+    _, _, ref, _ = _spaces(None, 0)
+    params = ref.base
+    assert ProductSpace(params)._weights is not None  # tiny: kept
+    assert ProductSpace(params, fast=False)._weights is None  # the reference path computes them each time
+    rest_bytes = sum(t.numel() * t.element_size() for t in params.values())
+    space_module = importlib.import_module("geosharp_ref.sharpness.space")
+    assert space_module.WEIGHT_CACHE_BYTES == WEIGHT_CACHE_BYTES
+    monkeypatch.setattr(space_module, "WEIGHT_CACHE_BYTES", 2 * rest_bytes)  # c² and 1/c² need exactly this
+    assert ProductSpace(params)._weights is None
+    monkeypatch.setattr(space_module, "WEIGHT_CACHE_BYTES", 2 * rest_bytes + 1)
+    assert ProductSpace(params)._weights is not None
+    assert ProductSpace(params, fast=False, cache_rest_weights=True)._weights is not None  # told
