@@ -32,7 +32,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from ..apgd import apgd
-from ..forward import check_finite_batch, check_length_buckets, default_loss, length_buckets, model_loss, to_device
+from ..forward import check_finite_batch, check_length_buckets, default_loss, model_loss, to_device
 from ..kernels import check_metric
 from ..symmetry import NoAttentionPairsWarning, Quotient, symmetry_map
 from ..symmetry.check import check_attention_pairs
@@ -41,6 +41,7 @@ from .exact_geodesic import check_geodesic, second_order_params
 from .factors import Factor
 from .gl_factor import gl_pair_factors
 from .joint_lora import joint_lora_factors
+from . import at_theta
 from .result import SharpnessResult, relative_perturbation
 from .space import GRADIENTS, ProductSpace
 
@@ -163,12 +164,15 @@ def check_padding_mask(model, batches) -> None:
 
 def bucket_batches(model, params, batches, k, loss_fn=default_loss) -> list:
     """``batches`` (prepared) as :class:`~geosharp_ref.forward.LengthBuckets` of ``k`` groups each (``k`` None:
-    unchanged). Checked once, at ``params`` on the first batch: the bucketed loss must equal the plain one to
+    unchanged). Checked at ``params`` on the first batch: the bucketed loss must equal the plain one to
     √ε of the dtype (relative), else the model's real positions see the padding (or ``loss_fn`` is no mean over
-    the targets) and the buckets are refused."""
+    the targets) and the buckets are refused. The buckets, and that the check passed, are kept for the next
+    evaluation of the same model, parameters and batches (:mod:`~geosharp_ref.sharpness.at_theta`)."""
     if k is None:
         return batches
-    bucketed = [length_buckets(b, k) for b in batches]
+    bucketed = [at_theta.bucketed(model, params, b, k) for b in batches]
+    if at_theta.is_checked(model, params, batches[0], k, loss_fn):
+        return bucketed
     with torch.no_grad():
         plain = float(model_loss(model, params, batches[0], loss_fn))
         fast = float(model_loss(model, params, bucketed[0], loss_fn))
@@ -178,6 +182,7 @@ def bucket_batches(model, params, batches, k, loss_fn=default_loss) -> list:
         raise ValueError(f"length buckets change the loss of the first batch ({plain:.8g} plain, {fast:.8g} in {k} "
                          f"buckets): the model's real positions depend on the padding, or the loss is not a mean "
                          f"over the targets; evaluate without length buckets")
+    at_theta.mark_checked(model, params, batches[0], k, loss_fn)
     return bucketed
 
 
@@ -383,8 +388,8 @@ def _maximised(model, space, params, batches, rho, options, loss_fn, name) -> di
     out = dict(per_batch=[], loss_before=[], loss_after=[], perturbation_norms=[], trajectories=[],
                relative_size=[], relative_size_groups=[])
     pair_params = space.covered
-    with torch.no_grad():  # L(θ) of every batch first: bad targets are refused before any progress bar
-        losses = [float(model_loss(model, params, batch, loss_fn)) for batch in batches]
+    # L(θ) of every batch first (kept across evaluations: at_theta): bad targets are refused before any progress bar
+    losses = at_theta.losses_at_theta(model, params, batches, loss_fn)
     iterator = zip(batches, losses)
     if options.progress:
         from tqdm.auto import tqdm
@@ -416,8 +421,7 @@ def _maximised(model, space, params, batches, rho, options, loss_fn, name) -> di
 def _linearised(model, space, params, batches, rho, options, loss_fn, name) -> dict:
     """ρ‖∇L_B(θ)‖_* on every batch (one gradient each): the per-batch fields of a :class:`SharpnessResult`."""
     norms = [gradient_dual_norm(model, space, b, loss_fn) for b in batches]
-    with torch.no_grad():
-        before = [float(model_loss(model, params, b, loss_fn)) for b in batches]
+    before = at_theta.losses_at_theta(model, params, batches, loss_fn)
     return dict(_linearised_fields(norms, before, rho), norms=norms)
 
 

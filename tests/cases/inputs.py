@@ -36,6 +36,15 @@ def pixels(gen, b=2, size=8):
     return dict(pixel_values=torch.randn(b, 3, size, size, generator=gen, dtype=DT))
 
 
+def padded_text(gen, n, length, lo=1, vocab=50):
+    """``n`` right-padded rows of random real lengths in [lo, length] (ids 3…vocab-1, [PAD] 0), with the attention
+    mask and zero token types (BERT's inputs)."""
+    lens = torch.randint(lo, length + 1, (n,), generator=gen)
+    mask = (torch.arange(length) < lens[:, None]).long()
+    ids = torch.randint(3, vocab, (n, length), generator=gen) * mask
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+
+
 def bert_inputs(seed=0):
     """Inputs for :func:`bert_classifier` (three examples of 9 tokens, example 1 padded)."""
     gen = torch.Generator().manual_seed(seed)

@@ -16,20 +16,13 @@ from geosharp_ref.forward import IGNORE_INDEX, LengthBuckets, group_by_group_los
     model_loss, padded_extent
 from geosharp_ref.sharpness import EvaluationOptions, get_measure
 from geosharp_ref.studies.population.training import batched_logits, logits_by_length
+from tests.cases.inputs import padded_text as _padded
 from tests.cases.models import bert, gpt2, llama
 
 
 def _bert64(seed=0):
     torch.manual_seed(seed)
     return bert().double().eval()
-
-
-def _padded(gen, n, length, lo=1, vocab=50):
-    """``n`` right-padded rows of random real lengths in [lo, length] (ids 3…vocab-1, [PAD] 0)."""
-    lens = torch.randint(lo, length + 1, (n,), generator=gen)
-    mask = (torch.arange(length) < lens[:, None]).long()
-    ids = torch.randint(3, vocab, (n, length), generator=gen) * mask
-    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
 
 
 def _loss_and_grad(model, batch):

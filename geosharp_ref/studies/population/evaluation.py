@@ -20,12 +20,13 @@ from pathlib import Path
 import torch
 
 from ... import distributed as gdist
-from ...forward import padded_extent
+from ...forward import batch_to_device, model_device, padded_extent
 from ...io.data import check_inputs_fit, load_data, split_batches
 from ...io.durable import append_line, exclusive_lock, fsync_dir, read_jsonl, write_json_atomic
 from ...io.models import load_model
 from ...sharpness.measures import ABLATION_MEASURES, HEADLINE_MEASURES, LINEARISED_MEASURES
 from ...sharpness.measures import AVERAGE_MEASURES, CURVATURE_MEASURES, EXACT_GEODESIC_MEASURES
+from ...sharpness import at_theta
 from ...sharpness.measures import MEASURES as NAMED_MEASURES
 from ...sharpness.pipeline import linearised_at
 from ...symmetry import symmetry_map as build_symmetry_map
@@ -163,7 +164,20 @@ def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, se
     on its own, seeded by ``seed``, so the record equals the uninterrupted one). ``on_unit(measure, rho_key,
     unit)`` is called after each unit measured (the unit with its ``seconds``). A unit whose value, per-batch
     value or loss is not finite is refused (ValueError, before ``on_unit``): the evaluation stops at that model,
-    not at the correlation after all of them."""
+    not at the correlation after all of them.
+
+    The units run inside :func:`geosharp_ref.sharpness.at_theta.keeping` (nothing here changes the model between
+    them), on the batches moved to the model's device once: what each unit computes at θ alone (the buckets,
+    their check, the losses at θ) is computed once per model, with the same values."""
+    device = model_device(model)
+    batches = [batch_to_device(b, device) for b in batches]  # once: every unit then sees the same tensors
+    with at_theta.keeping(model):
+        return _evaluate_units(model, batches, rhos, measures, n_iter, seed, length_buckets, done, on_unit,
+                               curvature_options)
+
+
+def _evaluate_units(model, batches, rhos, measures, n_iter, seed, length_buckets, done, on_unit,
+                    curvature_options) -> dict:
     grid = measure_grid(measures, rhos)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
