@@ -2,9 +2,11 @@
 :func:`keeping` scope: each batch's length buckets, their check against the plain batch, and the losses L_B(θ).
 
 A population measures each model in about thirty evaluations of their own (one per measure and size), and each
-computed these again: on the tweets' MiniLM, 4 batches of 128 with 8 length buckets, a first-order evaluation took
-26.6 CPU-seconds computing them and 18.0 keeping them (``docs/tweets/timing_at_theta.json``), beside about 400
-of an Auto-PGD evaluation.
+computed these again: on the tweets' MiniLM, 4 batches of 128 with 8 length buckets, a whole first-order
+evaluation took 26.6 CPU-seconds where it computed them and 18.0 where they were kept
+(``docs/tweets/timing_at_theta.json``); an Auto-PGD evaluation takes about 400. The Auto-PGD and first-order
+evaluations keep all three; the curvature and average-case measures, which compute L(θ) their own way, share the
+buckets and their check.
 
 Nothing is kept outside a scope: ``with keeping(model):`` promises that, until it ends, nothing changes the
 model's forward except through its parameters and buffers (no hook added or removed, no attribute set, no write
@@ -17,7 +19,8 @@ eval mode (dropout draws anew), and used only while
   (``_version``), dtypes, shapes and strides, under the same names in the same order (the memo holds them, so no
   other tensor can take their addresses; any change starts a new memo), and
 - the batch is made of the same tensor objects at the same in-place versions (referenced weakly: the memo keeps
-  no batch alive), with the same dict keys, non-tensor values and number of groups.
+  no batch alive), with the same dict keys, the same plain non-tensor values (None, numbers, strings) and number
+  of groups; a batch with any other input (a nested dict, a list) keeps nothing.
 
 Inference-mode tensors carry no version counter: with any, nothing is kept. A kept value is what the same
 operations on the same tensors give again (bit for bit where the forward is deterministic, as on the CPU).
@@ -66,13 +69,18 @@ def _leaves(batch) -> tuple:
     return tuple(t for t in parts + [targets] if torch.is_tensor(t))
 
 
-def _layout(batch) -> tuple:
-    """The batch's structure beside its tensors: dict keys and non-tensor values (by repr), per group."""
+def _layout(batch):
+    """The batch's structure beside its tensors: dict keys and plain non-tensor values, per group; None where an
+    input is neither a tensor nor plain (None, a number, a string): such a batch keeps nothing."""
     if isinstance(batch, LengthBuckets):
-        return ("buckets", batch.weights) + tuple(_layout(g) for g in batch.groups)
+        groups = tuple(_layout(g) for g in batch.groups)
+        return None if None in groups else ("buckets", batch.weights) + groups
     inputs, targets = batch
     items = list(inputs.items()) if isinstance(inputs, dict) else [(None, inputs)]
-    return tuple((k, None if torch.is_tensor(v) else repr(v)) for k, v in items + [("targets", targets)])
+    items += [("targets", targets)]
+    if not all(torch.is_tensor(v) or v is None or isinstance(v, (bool, int, float, str)) for _, v in items):
+        return None
+    return tuple((k, None if torch.is_tensor(v) else (type(v).__name__, v)) for k, v in items)
 
 
 class _Memo:
@@ -115,7 +123,7 @@ def _usable(tensors) -> bool:
 def _memo(model, params, batch, loss_fn=default_loss):
     """The model's memo for ``params`` (a new one where they changed); None where nothing may be kept: outside a
     :func:`keeping` scope, another loss, a module in training mode, inference-mode tensors."""
-    if loss_fn is not default_loss or not isinstance(params, dict) or model not in _MEMOS:
+    if loss_fn is not default_loss or not isinstance(params, dict) or model not in _MEMOS or _layout(batch) is None:
         return None
     if any(m.training for m in model.modules()) \
             or not _usable(list(params.values()) + list(model.buffers()) + list(_leaves(batch))):

@@ -4,6 +4,7 @@ bit), no forward pass where kept, and nothing kept outside the scope or once the
 loss or mode differ."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
 
@@ -144,3 +145,36 @@ def test_the_memo_keeps_neither_the_model_nor_a_batch_alive():
     del model, memo, params
     gc.collect()
     assert ref() is None  # nothing the scope kept still refers to the model
+
+
+def test_a_batch_with_an_input_that_is_neither_a_tensor_nor_plain_keeps_nothing():
+    """A nested input (a dict inside the inputs) is not part of the key, so nothing may be kept for it: a kept loss
+    would survive a change of the nested value."""
+    model, params, batches, calls = _setup()
+    x, y = batches[0]
+    nested = ({**x, "extra": {"scale": torch.tensor(1.5)}}, y)
+    plain = ({**x, "return_dict": True}, y)  # a plain value is part of the key
+    with at_theta.keeping(model):
+        for _ in range(2):
+            assert _forwards(calls, lambda: at_theta.losses_at_theta(model, params, [nested]))[1] == 1
+        assert _forwards(calls, lambda: at_theta.losses_at_theta(model, params, [plain]))[1] == 1
+        assert _forwards(calls, lambda: at_theta.losses_at_theta(model, params, [plain]))[1] == 0
+        other = ({**x, "return_dict": 1}, y)  # equal as a number, another type: another key
+        assert _forwards(calls, lambda: at_theta.losses_at_theta(model, params, [other]))[1] == 1
+
+
+def test_evaluate_model_keeps_within_one_model_and_gives_the_record_of_units_evaluated_apart(monkeypatch):
+    """The population's evaluate_model opens the scope: its record equals the one with no scope (each unit
+    computing everything again) with fewer forward passes."""
+    from geosharp_ref.studies.population import evaluation
+    model, _, batches, calls = _setup()
+    measures = ["adaptive", "adaptive-linearised", "geodesic-inv"]
+
+    def run():
+        return evaluation.evaluate_model(model, batches, [0.05, 0.1], measures=measures, n_iter=2, seed=0,
+                                         length_buckets=3)
+    kept, n_kept = _forwards(calls, run)
+    monkeypatch.setattr(at_theta, "keeping", lambda model: contextlib.nullcontext())
+    apart, n_apart = _forwards(calls, run)
+    assert kept == apart and n_kept < n_apart
+    assert model not in at_theta._MEMOS
