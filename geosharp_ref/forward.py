@@ -79,11 +79,16 @@ def call_model(model, params, inputs):
     positionally, or a dict passed as keyword arguments), through ``torch.func.functional_call``. With float64
     parameters the forward runs inside :func:`geosharp_ref.precision.keep_float64` (no float32 softmax or
     RMSNorm inside a float64 model)."""
-    first = next(iter(params.values()), None) if isinstance(params, dict) else None
-    with keep_float64(first is not None and first.dtype is torch.float64):
+    with keep_float64(_float64_params(params)):
         if isinstance(inputs, dict):
             return functional_call(model, params, args=(), kwargs=inputs)
         return functional_call(model, params, args=(inputs,))
+
+
+def _float64_params(params) -> bool:
+    """Whether a forward at ``params`` (a dict) runs inside :func:`keep_float64`: its first tensor is float64."""
+    first = next(iter(params.values()), None) if isinstance(params, dict) else None
+    return first is not None and first.dtype is torch.float64
 
 
 def model_loss(model, params, batch, loss_fn=default_loss):
@@ -98,8 +103,7 @@ def model_loss(model, params, batch, loss_fn=default_loss):
         if loss_fn is not default_loss or not isinstance(params, dict) \
                 or any(isinstance(g, LengthBuckets) for g in batch.groups):
             return group_by_group_loss(model, params, batch, loss_fn)
-        first = next(iter(params.values()), None)
-        return functional_call(_GroupsLoss(model, first is not None and first.dtype is torch.float64),
+        return functional_call(_GroupsLoss(model, _float64_params(params)),
                                {"model." + n: t for n, t in params.items()}, args=(batch,))
     inputs, targets = batch
     return loss_fn(model_logits(call_model(model, params, inputs)), targets)

@@ -192,21 +192,20 @@ class ProductSpace:
     def _group_scale2(self, k):
         """c² of rest group k as one flat tensor: the same operations as :meth:`_each_scale2`, element by
         element (kept once computed where the space caches its weights; never modified in place)."""
-        if self._weights is None:
-            return self._compute_group_scale2(k)
-        kept = self._weights[k]
-        if kept[0] is None:
-            kept[0] = self._compute_group_scale2(k)
-        return kept[0]
+        return self._kept_weight(k, 0, lambda: self._compute_group_scale2(k))
 
     def _group_inverse(self, k):
         """1/c² of rest group k as one flat tensor (:meth:`_inverse` of :meth:`_group_scale2`; kept likewise)."""
+        return self._kept_weight(k, 1, lambda: self._inverse(self._group_scale2(k)))
+
+    def _kept_weight(self, k, slot, compute):
+        """Rest group k's weight ``slot`` (0: c², 1: 1/c²): ``compute()`` once where kept, else every call."""
         if self._weights is None:
-            return self._inverse(self._group_scale2(k))
+            return compute()
         kept = self._weights[k]
-        if kept[1] is None:
-            kept[1] = self._inverse(self._group_scale2(k))
-        return kept[1]
+        if kept[slot] is None:
+            kept[slot] = compute()
+        return kept[slot]
 
     def _compute_group_scale2(self, k):
         r = self.rest_groups[k]
