@@ -271,7 +271,7 @@ def apgd_step(space: Space, x, x_prev, g, xx, eta, rho, a):
 def apgd(f_and_grad, space: Space, rho: float, n_iter: int = 20, random_start: bool = False,
          generator: torch.Generator | None = None, momentum: float = 0.75,
          rho_osc: float = 0.75, start=None, park_bytes: int | None = PARK_BYTES,
-         keep_best_gradient: bool | None = None) -> APGDResult:
+         keep_best_gradient: bool | None = None, first: Callable | None = None) -> APGDResult:
     """Maximise f over the horizontal g-ball of radius ``rho``; ``f_and_grad(xi) -> (float, grad)`` with
     ``grad`` in the form ``space.ascent_step`` takes. ``start``: a tangent vector to start from (projected;
     overrides ``random_start``). ``park_bytes``: a best point older than the current iterate whose tensors hold
@@ -280,14 +280,16 @@ def apgd(f_and_grad, space: Space, rho: float, n_iter: int = 20, random_start: b
     bit for bit, so the iterates are unchanged; None: never). ``keep_best_gradient``: keep the best point's
     gradient for a restart (True), or evaluate it again there (False; a vector fewer alive); None: keep it where
     the vector holds fewer than :data:`KEEP_GRADIENT_BYTES` bytes and fewer than ``park_bytes`` (see the module
-    doc)."""
+    doc). ``first``: ``first(x₀) -> (f, grad)`` in place of ``f_and_grad`` for the first evaluation, at the
+    projected start x₀, where the caller has a cheaper way to the same values (the sharpness pipeline's
+    :func:`~geosharp_ref.sharpness.pipeline.at_zero` from ξ = 0: a gradient at θ all of a model's runs share)."""
     if start is not None:
         x = [t.clone() for t in start]
     else:
         x = space.random(rho, generator) if random_start else space.zeros()
     x = space.project(x, rho)
     xx = space.inner(x, x)  # ‖x‖²
-    f, g = f_and_grad(x)
+    f, g = (f_and_grad if first is None else first)(x)
     f0 = f
     values, steps = [f], []
     n = _nbytes(x)  # a vector Auto-PGD would park is not kept beside its parked point (that would halve the saving)

@@ -6,7 +6,10 @@ computed these again: on the tweets' MiniLM, 4 batches of 128 with 8 length buck
 evaluation took 26.6 CPU-seconds where it computed them and 18.0 where they were kept
 (``docs/tweets/timing_at_theta.json``); an Auto-PGD evaluation takes about 400. The Auto-PGD and first-order
 evaluations keep all three; the curvature and average-case measures, which compute L(θ) their own way, share the
-buckets and their check.
+buckets and their check. Each batch's Euclidean gradient at θ is kept as well (:func:`gradient_at_theta`, up to
+:data:`GRADIENT_BYTES`): every Auto-PGD run starts at ξ = 0, where its first gradient is this one mapped into the
+run's space, and a first-order measure is its dual norm, so a model's twelve Auto-PGD runs and three first-order
+measures per batch compute it once, not fifteen times (one forward and backward in 21 of each run).
 
 Nothing is kept outside a scope: ``with keeping(model):`` promises that, until it ends, nothing changes the
 model's forward except through its parameters and buffers (no hook added or removed, no attribute set, no write
@@ -34,8 +37,12 @@ import torch
 
 from ..forward import LengthBuckets, default_loss, length_buckets, model_loss
 
-__all__ = ["keeping", "bucketed", "is_checked", "mark_checked", "losses_at_theta"]
+__all__ = ["GRADIENT_BYTES", "keeping", "bucketed", "is_checked", "mark_checked", "losses_at_theta",
+           "gradient_at_theta"]
 
+#: a scope keeps Euclidean gradients at θ (:func:`gradient_at_theta`) of at most this many bytes in all (MiniLM-L6's
+#: float32 gradient, 91 MB, for 4 batches; a 135 M-parameter float64 model's, 1.1 GB, not even for one)
+GRADIENT_BYTES = 1 << 30
 #: model → its :class:`_Memo` (None until its first use), only while a :func:`keeping` scope of the model is open
 _MEMOS = weakref.WeakKeyDictionary()
 _MISSING = object()
@@ -170,3 +177,35 @@ def losses_at_theta(model, params, batches, loss_fn=default_loss) -> list:
                     memo.put("loss", batch, kept)
             out.append(kept)
     return out
+
+
+def gradient_at_theta(model, params, batch, names, loss_fn=default_loss) -> tuple:
+    """``(L_B(θ), {name: ∂L_B/∂θ_name})`` for the parameters ``names`` (None for one L_B does not depend on): one
+    forward and backward of :func:`model_loss` with those parameters as leaves, computed once while kept (module
+    doc) as long as this scope's gradients stay within :data:`GRADIENT_BYTES`, else each time. Every Auto-PGD run
+    from ξ = 0 and every first-order measure starts from this gradient (a model's evaluations differ in the space
+    and the radius, not in it: :func:`~geosharp_ref.sharpness.pipeline.at_zero`). Kept tensors are returned: read
+    them, never write."""
+    names = tuple(names)
+    memo = _memo(model, params, batch, loss_fn)
+    kept = _MISSING if memo is None else memo.get("gradient", batch, names)
+    if kept is not _MISSING:
+        return kept
+    leaves = {n: params[n].detach().requires_grad_(True) for n in names}
+    with torch.enable_grad():
+        value = model_loss(model, {**params, **leaves}, batch, loss_fn)
+        grads = torch.autograd.grad(value, list(leaves.values()), allow_unused=True)
+    out = float(value.detach()), dict(zip(names, grads))
+    if memo is not None and _gradient_bytes(memo) + sum(_nbytes(params[n]) for n in names) <= GRADIENT_BYTES:
+        memo.put("gradient", batch, out, names)
+    return out
+
+
+def _nbytes(t) -> int:
+    return t.numel() * t.element_size()
+
+
+def _gradient_bytes(memo) -> int:
+    """The bytes of the gradients ``memo`` keeps for batches still alive."""
+    return sum(sum(_nbytes(g) for g in v[1].values() if g is not None)
+               for k, (refs, v) in memo.entries.items() if k[0] == "gradient" and all(r() is not None for r in refs))
