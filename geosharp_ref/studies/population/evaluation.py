@@ -168,8 +168,8 @@ def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, se
 
     The units run inside :func:`geosharp_ref.sharpness.at_theta.keeping` (nothing here changes the model between
     them), on the batches moved to the model's device once: what each unit computes at θ alone (the buckets,
-    their check, the Auto-PGD and first-order units' losses at θ) is computed once per model, with the same
-    values."""
+    their check, the Auto-PGD and first-order units' losses and gradients at θ) is computed once per model, with
+    the same values."""
     device = model_device(model)
     batches = [batch_to_device(b, device) for b in batches]  # once: every unit then sees the same tensors
     with at_theta.keeping(model):
