@@ -52,7 +52,8 @@ import torch
 from .parking import park
 
 __all__ = ["PARK_BYTES", "KEEP_GRADIENT_BYTES", "Space", "ModelSpace", "apgd_checkpoints", "apgd", "APGDResult",
-           "value_and_grad", "radial_clip", "apgd_step", "lincomb", "combine", "EuclideanSpace"]
+           "value_and_grad", "radial_clip", "apgd_step", "lincomb", "combine", "EuclideanSpace",
+           "tensor_bytes"]
 
 
 #: Auto-PGD keeps the best point's gradient for a restart where a tangent vector holds fewer bytes than this
@@ -292,7 +293,7 @@ def apgd(f_and_grad, space: Space, rho: float, n_iter: int = 20, random_start: b
     f, g = (f_and_grad if first is None else first)(x)
     f0 = f
     values, steps = [f], []
-    n = _nbytes(x)  # a vector Auto-PGD would park is not kept beside its parked point (that would halve the saving)
+    n = tensor_bytes(x)  # a vector Auto-PGD would park is not kept beside its parked point (halving the saving)
     keep = (n < KEEP_GRADIENT_BYTES and (park_bytes is None or n < park_bytes) if keep_best_gradient is None
             else bool(keep_best_gradient))
     x_best, f_best, xx_best = x, f, xx
@@ -317,7 +318,7 @@ def apgd(f_and_grad, space: Space, rho: float, n_iter: int = 20, random_start: b
         g = g_new = None
         x_new = _next_iterate(space, x, x_prev, ascent, xx, eta, rho, 1.0 if k == 0 else momentum, consume=True)
         ascent = x_prev = None
-        if parked is None and x_best is not x and park_bytes is not None and _nbytes(x_best) >= park_bytes:
+        if parked is None and x_best is not x and park_bytes is not None and tensor_bytes(x_best) >= park_bytes:
             parked = park(list(x_best))  # an older best point (x_prev was the last use it had besides a restart)
         x_new, xx_new = radial_clip(x_new, space.inner(x_new, x_new), rho, scale=space.scale)
         f_new, g_new = f_and_grad(x_new)
@@ -350,8 +351,9 @@ def apgd(f_and_grad, space: Space, rho: float, n_iter: int = 20, random_start: b
     return APGDResult(best_value=f_best, start_value=f0, best_xi=x_best, values=values, step_sizes=steps)
 
 
-def _nbytes(xi) -> int:
-    return sum(t.numel() * t.element_size() for t in xi if t is not None)
+def tensor_bytes(tensors) -> int:
+    """Bytes held by an iterable of tensors: Σ numel·element_size, skipping ``None`` (a frozen slot)."""
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
 def _restore(parked) -> None:

@@ -35,7 +35,7 @@ import weakref
 
 import torch
 
-from ..apgd import _nbytes
+from ..apgd import tensor_bytes
 from ..forward import LengthBuckets, default_loss, length_buckets, model_loss
 
 __all__ = ["GRADIENT_BYTES", "keeping", "bucketed", "is_checked", "mark_checked", "losses_at_theta",
@@ -197,12 +197,12 @@ def gradient_at_theta(model, params, batch, names, loss_fn=default_loss) -> tupl
         value = model_loss(model, {**params, **leaves}, batch, loss_fn)
         grads = torch.autograd.grad(value, list(leaves.values()), allow_unused=True)
     out = float(value.detach()), dict(zip(names, grads))
-    if memo is not None and _gradient_bytes(memo) + _nbytes(params[n] for n in names) <= GRADIENT_BYTES:
+    if memo is not None and _gradient_bytes(memo) + tensor_bytes(params[n] for n in names) <= GRADIENT_BYTES:
         memo.put("gradient", batch, out, names)
     return out
 
 
 def _gradient_bytes(memo) -> int:
     """The bytes of the gradients ``memo`` keeps for batches still alive."""
-    return sum(_nbytes(v[1].values()) for k, (refs, v) in memo.entries.items()
+    return sum(tensor_bytes(v[1].values()) for k, (refs, v) in memo.entries.items()
                if k[0] == "gradient" and all(r() is not None for r in refs))
