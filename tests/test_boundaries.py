@@ -17,7 +17,8 @@ Each rule is ONE test that lists every offender:
     every module has a layer, and a module imports only its own or earlier layers;
 (e) no ``_private`` name is imported from another module (package, benchmarks);
 (f) no import hides inside a function except the listed lazy imports of heavy optional dependencies, and
-    only ``cli/derive.py`` imports the generator.
+    only ``cli/derive.py`` imports the generator;
+(g) no file of the test suite imports a test module (``test_*``): what several share lives in tests/cases.
 
 The scanners are functions of a source root, so the tests at the bottom run them on planted trees and
 sources: an import back up a layer must be caught.
@@ -386,3 +387,41 @@ def test_relative_imports_resolve():
     assert resolve("from . import runtime", "codegen/__init__.py") == "codegen"
     assert resolve("from ..codegen import spec", "geosharp_ref/sub/mod.py") == "geosharp_ref.codegen"
     assert resolve("from .metric import Metric", "derivations/quotient.py") == "derivations.metric"
+
+
+# --------------------------------------------------------------------------------------------------
+# (g) the test suite: what several test modules share lives in tests/cases or a conftest.py
+# --------------------------------------------------------------------------------------------------
+
+TEST_FILES = sorted((ROOT / "tests").rglob("*.py"))
+
+
+def imports_of_test_modules(paths, root: Path = ROOT) -> list[str]:
+    """``file:line: import`` for every import of a test module (a module named ``test_*``) by another file."""
+    out = []
+    for path in paths:
+        for node in _walk_imports(_parse(path), module_level_only=False):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else _imported_names(node, path, root)
+            if any(m.rsplit(".", 1)[-1].startswith("test_") for m in mods):
+                out.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
+    return sorted(out)
+
+
+def test_g_no_test_module_imports_another():
+    """(g) each test module stands alone (tests/cases/__init__.py): shared helpers live in tests/cases."""
+    assert len(TEST_FILES) > 100
+    assert imports_of_test_modules(TEST_FILES) == []
+
+
+@pytest.mark.parametrize("source,expected", [
+    ("from tests.geosharp_ref.sharpness.test_hessian import DENSE_TOL", 1),
+    ("from .test_hessian import _dense_reference", 1),
+    ("import tests.test_boundaries", 1),
+    ("from tests.cases import test_inputs", 1),
+    ("from tests.cases.reference import DENSE_TOL", 0),
+    ("from geosharp_ref.testing import strategies", 0),
+    ("from tests import cases", 0),
+])
+def test_test_module_scanner(tmp_path, source, expected):
+    probe = _plant(tmp_path, {"tests/geosharp_ref/sharpness/test_probe.py": source}) / "tests/geosharp_ref/sharpness"
+    assert len(imports_of_test_modules([probe / "test_probe.py"], tmp_path)) == expected

@@ -33,7 +33,18 @@ a conftest.py fixture: no test module imports another one. ``from tests.cases im
   settings and file helpers of a tiny vision population (``POPULATION_*``, :func:`copy_population`,
   :func:`jsonl`, :func:`subprocess_env`, :func:`count_measure_runs`), :func:`quiet_transformers`.
 * :mod:`tests.cases.reference` — an exact trust-region solver (:func:`trust_region_max`) used as an
-  independent reference, and :func:`rel_error`.
+  independent reference, the Hessian on a quotient's horizontal space from dense float64 matrices
+  (:func:`dense_horizontal_hessian`, tolerance ``DENSE_TOL``), and :func:`rel_error`.
+* :mod:`tests.cases.orbits` — a model moved along every orbit of a quotient at once
+  (:func:`moved_along_every_orbit`) and the joint-quotient invariance check
+  (:func:`assert_invariant_along_every_orbit`).
+* :mod:`tests.cases.joint` — two joint symmetries of :mod:`derivations.joint` with their derived geometry
+  (:func:`norm_qk_setup`, :func:`lora_attention_setup`), random points and tangents in coordinates and the dense
+  reference of the horizontal projection (:func:`dense_projection`); SymPy, so not re-exported here.
+* :mod:`tests.cases.counting` — a tiny BERT classifier that counts its forward passes (:func:`counted_bert`,
+  :func:`forwards_during`).
+
+``tests/test_boundaries.py`` (g) checks that no file of the suite imports a test module.
 """
 from .bindings import (BINDING_CASES, BINDING_KINDS, BINDING_NAMES, DECLARED_LORA, DECLARED_QK, BindingCase,
                        BuiltBindingCase, build_binding_case, output_at, scale_first_block, scale_first_parameter)

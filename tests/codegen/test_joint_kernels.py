@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from codegen.joint import generate_joint_module, joint_module_from_source
-from tests.derivations.test_joint import (_coords, _point, _sizes, _tangent, dense_projection, lora_setup,
-                                          norm_setup)
+from tests.cases.joint import (block_sizes, coords, dense_projection, lora_attention_setup, norm_qk_setup,
+                               random_point, random_tangent)
 
-CASES = [(norm_setup, {"d": 3, "h": 2}), (lora_setup, {"d": 4, "h": 2, "r": 2})]
+CASES = [(norm_qk_setup, {"d": 3, "h": 2}), (lora_attention_setup, {"d": 4, "h": 2, "r": 2})]
 
 
 _MODULES = {}
@@ -32,16 +32,16 @@ def _t(a):
 def test_generated_joint_kernels_match_dense_projection_and_reference_acceleration(setup, dims):
     j, metric, geo = setup()
     mod = kernels(setup)
-    sizes = _sizes(j, **dims)
+    sizes = block_sizes(j, **dims)
     rng = np.random.default_rng(4)
-    vals = _point(j, sizes, rng)
-    X = _tangent(j, vals, rng)
+    vals = random_point(j, sizes, rng)
+    X = random_tangent(j, vals, rng)
     blocks = [_t(vals[b]) for b in j.blocks]
     out, iters, rel = mod.horizontal_projection_with_residual(*blocks, *[_t(x) for x in X])
     assert rel.shape == () and float(rel) < 1e-12
     assert iters <= 2 * sum(len(geo.basis(i, sizes)) for i in range(len(j.parts)))
     x, dense, V, Gm = dense_projection(j, metric, geo, vals, X, sizes)
-    p = _coords(j, [o.numpy() for o in out])
+    p = coords(j, [o.numpy() for o in out])
     assert np.abs(p - dense).max() < 1e-9 * max(1.0, np.abs(x).max())
     acc = mod.geodesic_acceleration(*blocks, *out)
     ref = geo.acceleration(vals, [o.numpy() for o in out], sizes)
@@ -54,11 +54,11 @@ def test_generated_joint_kernels_match_dense_projection_and_reference_accelerati
 def test_generated_joint_inner_product_is_invariant_under_every_part(setup, dims):
     j, metric, geo = setup()
     mod = kernels(setup)
-    sizes = _sizes(j, **dims)
+    sizes = block_sizes(j, **dims)
     rng = np.random.default_rng(6)
-    vals = _point(j, sizes, rng)
+    vals = random_point(j, sizes, rng)
     blocks = [_t(vals[b]) for b in j.blocks]
-    xi, eta = [_t(x) for x in _tangent(j, vals, rng)], [_t(x) for x in _tangent(j, vals, rng)]
+    xi, eta = [_t(x) for x in random_tangent(j, vals, rng)], [_t(x) for x in random_tangent(j, vals, rng)]
     before = mod.inner(*blocks, *xi, *eta)
     for i, part in enumerate(j.parts):
         h = int(part.group_element.shape[0].xreplace(sizes)) if hasattr(part.group_element.shape[0], "xreplace") \
@@ -74,12 +74,12 @@ def test_generated_joint_inner_product_is_invariant_under_every_part(setup, dims
 def test_generated_joint_vjp_matches_autograd_through_the_generated_geodesic(setup, dims):
     j, metric, geo = setup()
     mod = kernels(setup)
-    sizes = _sizes(j, **dims)
+    sizes = block_sizes(j, **dims)
     rng = np.random.default_rng(8)
-    vals = _point(j, sizes, rng)
+    vals = random_point(j, sizes, rng)
     blocks = [_t(vals[b]) for b in j.blocks]
-    xi = [_t(x).requires_grad_(True) for x in _tangent(j, vals, rng)]
-    cot = [_t(c) for c in _tangent(j, vals, rng)]
+    xi = [_t(x).requires_grad_(True) for x in random_tangent(j, vals, rng)]
+    cot = [_t(c) for c in random_tangent(j, vals, rng)]
     E = mod.second_order_geodesic(*blocks, *xi)
     grads = torch.autograd.grad(sum((e * c).sum() for e, c in zip(E, cot)), xi)
     # a diagonal block's tangents are diagonal: compare the diagonal part of autograd's gradient there
@@ -95,10 +95,10 @@ def test_generated_joint_kernels_batched_equal_one_element_at_a_time(setup, dims
     residuals all below tol, each element also against the dense least-squares projection."""
     j, metric, geo = setup()
     mod = kernels(setup)
-    sizes = _sizes(j, **dims)
+    sizes = block_sizes(j, **dims)
     rng = np.random.default_rng(9)
-    pts = [_point(j, sizes, rng) for _ in range(3)]
-    Xs = [_tangent(j, v, rng) for v in pts]
+    pts = [random_point(j, sizes, rng) for _ in range(3)]
+    Xs = [random_tangent(j, v, rng) for v in pts]
     blocks = [torch.stack([_t(v[b]) for v in pts]) for b in j.blocks]
     xi = [torch.stack([_t(X[k]) for X in Xs]) for k in range(len(j.blocks))]
     out, iters, rel = mod.horizontal_projection_with_residual(*blocks, *xi)
@@ -110,6 +110,6 @@ def test_generated_joint_kernels_batched_equal_one_element_at_a_time(setup, dims
         one = mod.horizontal_projection(*[b[i] for b in blocks], *[x[i] for x in xi])
         assert all(float((a - o[i]).abs().max()) < 1e-10 * max(1.0, float(a.abs().max())) for a, o in zip(one, out))
         x, dense, _, _ = dense_projection(j, metric, geo, vals, X, sizes)
-        assert np.abs(_coords(j, [o[i].numpy() for o in out]) - dense).max() < 1e-9 * max(1.0, np.abs(x).max())
+        assert np.abs(coords(j, [o[i].numpy() for o in out]) - dense).max() < 1e-9 * max(1.0, np.abs(x).max())
         a1 = mod.geodesic_acceleration(*[b[i] for b in blocks], *one)
         assert all(float((a - b[i]).abs().max()) < 1e-9 * max(1.0, float(a.abs().max())) for a, b in zip(a1, acc))

@@ -16,7 +16,7 @@ from geosharp_ref.sharpness.pipeline import at_zero, build_space, prepare_inputs
 from geosharp_ref.symmetry import Quotient
 from tests import cases
 from tests.cases.tables import sharpness_case
-from tests.geosharp_ref.sharpness.test_at_theta import _forwards, _setup
+from tests.cases.counting import counted_bert, forwards_during
 
 cases.quiet_transformers()
 
@@ -58,7 +58,7 @@ def test_the_gradient_at_zero_from_the_one_at_theta_equals_the_space_evaluating_
 
 
 def test_the_euclidean_gradient_at_theta_is_torch_funcs_and_none_where_the_loss_does_not_depend():
-    model, params, batches, _ = _setup()
+    model, params, batches, _ = counted_bert()
     model = copy.deepcopy(model).double()
     model.register_parameter("unused", torch.nn.Parameter(torch.ones(3, dtype=torch.float64)))
     params, batches, _, _ = prepare_inputs(model, batches)
@@ -77,23 +77,25 @@ def test_the_euclidean_gradient_at_theta_is_torch_funcs_and_none_where_the_loss_
 
 
 def test_a_scope_keeps_the_gradient_within_its_bytes_and_the_evaluations_never_write_it(monkeypatch):
-    model, params, batches, calls = _setup()
+    model, params, batches, calls = counted_bert()
     names = list(params)
-    outside = [_forwards(calls, lambda: at_theta.gradient_at_theta(model, params, batches[0], names)) for _ in "ab"]
+    grad = lambda: at_theta.gradient_at_theta(model, params, batches[0], names)  # noqa: E731
+    outside = [forwards_during(calls, grad) for _ in "ab"]
     assert [n for _, n in outside] == [1, 1]  # nothing kept outside a scope
     one = sum(t.numel() * t.element_size() for t in params.values())
     monkeypatch.setattr(at_theta, "GRADIENT_BYTES", one)  # room for one batch's gradient
     with at_theta.keeping(model):
-        first, n = _forwards(calls, lambda: at_theta.gradient_at_theta(model, params, batches[0], names))
-        again, n_again = _forwards(calls, lambda: at_theta.gradient_at_theta(model, params, batches[0], names))
+        first, n = forwards_during(calls, grad)
+        again, n_again = forwards_during(calls, grad)
         assert n == 1 and n_again == 0 and again is first
         assert first[0] == outside[0][0][0] and all(torch.equal(first[1][k], outside[0][0][1][k]) for k in names)
         for _ in "ab":  # over the bytes: the second batch's gradient is computed each time
-            assert _forwards(calls, lambda: at_theta.gradient_at_theta(model, params, batches[1], names))[1] == 1
-        assert _forwards(calls, lambda: at_theta.gradient_at_theta(model, params, batches[0], names[:3]))[1] == 1
+            assert forwards_during(calls, lambda: at_theta.gradient_at_theta(model, params, batches[1], names))[1] == 1
+        assert forwards_during(calls, lambda: at_theta.gradient_at_theta(model, params, batches[0], names[:3]))[1] == 1
         own = lambda logits, y: torch.nn.functional.cross_entropy(logits, y)  # noqa: E731
         for _ in "ab":  # a loss of one's own: nothing kept
-            assert _forwards(calls, lambda: at_theta.gradient_at_theta(model, params, batches[0], names, own))[1] == 1
+            own_grad = lambda: at_theta.gradient_at_theta(model, params, batches[0], names, own)  # noqa: E731
+            assert forwards_during(calls, own_grad)[1] == 1
         kept = {k: v.clone() for k, v in first[1].items()}
         for measure in ("adaptive", "geodesic-mix", "geodesic-inv-linearised"):
             get_measure(measure).evaluate(model, batches[:1], 0.05, n_iter=3, seed=0)

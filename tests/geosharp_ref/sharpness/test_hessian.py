@@ -32,10 +32,10 @@ from geosharp_ref.sharpness.hessian import EuclideanHessian, QuotientHessian, he
 from geosharp_ref.sharpness.joint_lora import joint_lora_factors
 from geosharp_ref.symmetry import NoAttentionPairsWarning, symmetry_map
 from tests import cases
+from tests.cases.reference import DENSE_TOL, dense_horizontal_hessian
 
 DT = torch.float64
 ODE_TOL = 1e-7     # quadratic form vs the ODE geodesic's second derivative, relative (observed ≤ 9.1e-9)
-DENSE_TOL = 1e-9   # trace and eigenvalues vs the dense reference, relative (observed trace ≤ 3e-16)
 
 
 class OutputScaling:
@@ -170,36 +170,6 @@ def test_quadratic_form_equals_the_second_derivative_along_the_ode_geodesic(kind
         assert abs(euclid - second) > 1e3 * ODE_TOL * abs(second)
 
 
-def _dense_reference(space, model, batch):
-    """(eigenvalues of Hess L on the horizontal space, ascending; its dimension) from dense float64 matrices:
-    B = ∇²_ξ L(E(ξ))|₀, 𝔾 = ∇²_ξ ½g(ξ, ξ), P from project_horizontal on the coordinate vectors."""
-    shapes = [t.shape for t in space.zeros()]
-    sizes = [int(np.prod(s)) for s in shapes]
-    N = sum(sizes)
-
-    def tangent(v):
-        out, i = [], 0
-        for s, k in zip(shapes, sizes):
-            out.append(v[i:i + k].reshape(s))
-            i += k
-        return out
-
-    zero = torch.zeros(N, dtype=DT)
-    with sdpa_kernel([SDPBackend.MATH]):  # the fused attention kernels have no double backward
-        B = torch.autograd.functional.hessian(
-            lambda v: model_loss(model, space.perturbed_params(tangent(v)), batch), zero)
-    Gm = torch.autograd.functional.hessian(lambda v: 0.5 * space.inner(tangent(v), tangent(v)), zero)
-    P = torch.stack([torch.cat([x.reshape(-1) for x in space.project_horizontal(tangent(e))])
-                     for e in torch.eye(N, dtype=DT)], 1)
-    U, s, _ = torch.linalg.svd(P)
-    V = U[:, s > 1e-8 * s[0]]  # a basis of the horizontal space
-    K = V.T @ Gm @ V
-    L = torch.linalg.cholesky(K)
-    Li = torch.linalg.inv(L)
-    A = Li @ (V.T @ B @ V) @ Li.T
-    return torch.linalg.eigvalsh(0.5 * (A + A.T)), V.shape[1]
-
-
 @pytest.mark.parametrize("kind,metric", CASES, ids=IDS)
 def test_trace_and_eigenvalues_equal_the_dense_horizontal_hessian(kind, metric):
     model, batch, space = _space(kind, metric)
@@ -210,7 +180,7 @@ def test_trace_and_eigenvalues_equal_the_dense_horizontal_hessian(kind, metric):
     if kind == "joint-lora":  # so does a narrower BERT (heads of width 2)
         model, batch, space = _joint_lora(metric, hidden=4)
     op = QuotientHessian(space, lambda p: model_loss(model, p, batch))
-    ref, dim_h = _dense_reference(space, model, batch)
+    ref, dim_h = dense_horizontal_hessian(space, model, batch)
     assert dim_h < op.dim  # a vertical space exists: the restriction is a real restriction
     tr = exact_trace(op)
     assert abs(tr - float(ref.sum())) <= DENSE_TOL * float(ref.abs().sum())

@@ -17,7 +17,7 @@ from geosharp_ref.sharpness.hessian import QuotientHessian
 from geosharp_ref.symmetry import NormWeightsBinding, Quotient
 from geosharp_ref.verification.orbits import model_with_params
 from tests.cases.models import GQAAttention
-from tests.geosharp_ref.sharpness.test_hessian import DENSE_TOL, _dense_reference
+from tests.cases.reference import DENSE_TOL, dense_horizontal_hessian
 
 DT = torch.float64
 
@@ -60,7 +60,7 @@ def test_trace_and_eigenvalues_equal_the_dense_horizontal_hessian_with_folded_no
     params = {n: p.detach() for n, p in model.named_parameters()}
     space = build_space(params, quotient=q)
     op = QuotientHessian(space, lambda p: model_loss(model, p, batch))
-    ref, dim_h = _dense_reference(space, model, batch)
+    ref, dim_h = dense_horizontal_hessian(space, model, batch)
     assert dim_h < op.dim
     tr = exact_trace(op)
     assert abs(tr - float(ref.sum())) <= DENSE_TOL * float(ref.abs().sum()), (tr, float(ref.sum()))

@@ -17,7 +17,7 @@ from geosharp_ref.sharpness import geodesic_sharpness
 from geosharp_ref.sharpness.joint_lora import JointLoRAFactor
 from geosharp_ref.symmetry import LoRABinding, NormWeightsBinding, Quotient
 from tests import cases
-from tests.geosharp_ref.symmetry.test_norm_weights import _moved, assert_invariant_along_every_orbit
+from tests.cases.orbits import assert_invariant_along_every_orbit, moved_along_every_orbit
 
 cases.quiet_transformers()
 
@@ -136,7 +136,7 @@ def test_adapters_on_rotary_qk_projections_are_quotiented_jointly_with_the_rope_
     kw = dict(metric=metric, n_iter=3, loss_fn=case.loss_fn, symmetries="all")
     s0 = geodesic_sharpness(model, [batch], 0.05, **kw).mean
     for log10_a in (-2.0, 2.0):
-        s1 = geodesic_sharpness(_moved(M_, q, log10_a, 3), [batch], 0.05, **kw).mean
+        s1 = geodesic_sharpness(moved_along_every_orbit(M_, q, log10_a, 3), [batch], 0.05, **kw).mean
         assert abs(s1 - s0) <= 1e-8 * abs(s0), (metric, log10_a, s0, s1)
 
 
@@ -155,5 +155,5 @@ def test_fused_qkv_adapters_on_partial_rotary_decoders_are_joint_and_invariant(n
     M_ = cases.SharpnessModel(model, case.batch, case.loss_fn, case.output, None)
     kw = dict(metric="mix", n_iter=3, loss_fn=case.loss_fn, symmetries="all")
     s0 = geodesic_sharpness(model, [batch], 0.05, **kw).mean
-    s1 = geodesic_sharpness(_moved(M_, q, 2.0, 3), [batch], 0.05, **kw).mean
+    s1 = geodesic_sharpness(moved_along_every_orbit(M_, q, 2.0, 3), [batch], 0.05, **kw).mean
     assert abs(s1 - s0) <= 1e-8 * abs(s0), (s0, s1)

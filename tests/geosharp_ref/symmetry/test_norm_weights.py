@@ -20,6 +20,7 @@ from geosharp_ref.symmetry.norm_weights import norm_weight_candidates
 from geosharp_ref.forward import call_model
 from geosharp_ref.verification.orbits import model_with_params
 from tests import cases
+from tests.cases.orbits import moved_along_every_orbit
 
 cases.quiet_transformers()
 
@@ -143,33 +144,6 @@ def test_fold_binding_extracts_folded_blocks_inserts_back_and_keeps_the_class():
     assert fold_binding(gated, [norm.fold]).norm_folds == gated.norm_folds
 
 
-def _moved(M, q, log10_a, seed, kinds=None):
-    """The model acted on by a random element of every quotiented group (or those of the given classes) at once."""
-    params = cases.params_of(M.model)
-    gen = torch.Generator().manual_seed(seed)
-    for i, b in enumerate(q.pairs + q.bindings):
-        if kinds is not None and not isinstance(b, kinds):
-            continue
-        jitter = float(torch.empty(()).uniform_(-0.2, 0.2, generator=gen))
-        a = 10.0 ** max(-2.0, min(2.0, log10_a + jitter))
-        params = b.act(params, b.random_element(params, scale=a, seed=seed + i))
-    return model_with_params(M.model, params)
-
-
-def assert_invariant_along_every_orbit(M, batch, q, metric, seed=3, n_iter=N_ITER):
-    """Geodesic sharpness (``symmetries="all"``) unchanged to 1e-8 when the model moves along every orbit of ``q``
-    at once with elements of scale 1e-2 and 1e2; adaptive sharpness changes (shared by the joint-quotient tests)."""
-    kw = dict(metric=metric, n_iter=n_iter, loss_fn=M.loss_fn, symmetries="all")
-    s0 = geodesic_sharpness(M.model, [batch], RHO, **kw).mean
-    a0 = adaptive_sharpness(M.model, [batch], RHO, n_iter=n_iter, loss_fn=M.loss_fn).mean
-    for log10_a in (-2.0, 2.0):
-        m1 = _moved(M, q, log10_a, seed)
-        s1 = geodesic_sharpness(m1, [batch], RHO, **kw).mean
-        assert abs(s1 - s0) <= TOL * abs(s0), (metric, log10_a, s0, s1)
-        a1 = adaptive_sharpness(m1, [batch], RHO, n_iter=n_iter, loss_fn=M.loss_fn).mean
-        assert abs(a1 - a0) > 1e-4 * abs(a0)
-
-
 CASES_ALL = [("sharpness", "gpt2"), ("sharpness", "vit"), ("decoder", "llama"), ("decoder", "phi3"),
              ("decoder", "gemma")]
 
@@ -182,7 +156,7 @@ def test_geodesic_sharpness_is_invariant_along_every_orbit_at_once_norm_weights_
     M, batch = _batch(table, name, seed)
     q = _quotient(M, batch, metric)
     assert any(isinstance(b, NormWeightsBinding) for b in q.bindings)
-    m1 = _moved(M, q, log10_a, seed)
+    m1 = moved_along_every_orbit(M, q, log10_a, seed)
     kw = dict(metric=metric, n_iter=N_ITER, loss_fn=M.loss_fn, symmetries="all")
     s0 = geodesic_sharpness(M.model, [batch], RHO, **kw)
     s1 = geodesic_sharpness(m1, [batch], RHO, **kw)
@@ -202,7 +176,7 @@ def test_without_the_fold_the_norm_action_changes_geodesic_sharpness(table, name
     q = _quotient(M, batch, "inv")
     raw = [b for b in q.report().bindings if not isinstance(b, NormWeightsBinding)]  # the search's, unfolded
     assert not any(hasattr(b, "norm_folds") for b in raw)
-    m1 = _moved(M, q, 1.0, 0, kinds=NormWeightsBinding)
+    m1 = moved_along_every_orbit(M, q, 1.0, 0, kinds=NormWeightsBinding)
     kw = dict(metric="inv", n_iter=N_ITER, loss_fn=M.loss_fn, symmetries=raw)
     s0 = geodesic_sharpness(M.model, [batch], RHO, **kw)
     s1 = geodesic_sharpness(m1, [batch], RHO, **kw)
@@ -226,7 +200,7 @@ def test_lora_adapters_reading_a_norm_are_folded_and_the_whole_model_stays_invar
     qk = [g for g in q.pairs if g.key.endswith(":qk")]
     assert all(any(n.endswith("lora_A.default.weight") for n in g.norm_folds[0].reader_names) for g in qk)
     M = cases.SharpnessModel(model, case.batch, case.loss_fn, case.output, None)
-    m1 = _moved(M, q, 1.5, 3)
+    m1 = moved_along_every_orbit(M, q, 1.5, 3)
     kw = dict(metric="mix", n_iter=N_ITER, loss_fn=case.loss_fn, symmetries="all")
     s0 = geodesic_sharpness(model, [batch], RHO, **kw).mean
     s1 = geodesic_sharpness(m1, [batch], RHO, **kw).mean

@@ -16,7 +16,7 @@ from geosharp_ref.sharpness import geodesic_sharpness
 from geosharp_ref.symmetry import NormScalingBinding, Quotient
 from geosharp_ref.symmetry.norms import StreamFold
 from tests import cases
-from tests.geosharp_ref.symmetry.test_norm_weights import _moved, assert_invariant_along_every_orbit
+from tests.cases.orbits import assert_invariant_along_every_orbit, moved_along_every_orbit
 
 cases.quiet_transformers()
 
@@ -70,7 +70,7 @@ def test_without_the_stream_fold_mix_is_not_invariant_under_the_stream_scaling()
     M, batch = _case("gpt2")
     q = Quotient.resolve(M.model, batch, metric="mix", symmetries="all")
     (stream,) = [b for b in q.bindings if isinstance(b, NormScalingBinding)]
-    m1 = _moved(M, q, 1.0, 0, kinds=NormScalingBinding)
+    m1 = moved_along_every_orbit(M, q, 1.0, 0, kinds=NormScalingBinding)
     kw = dict(metric="mix", n_iter=3, loss_fn=M.loss_fn, symmetries=[])  # the pairs alone, unfolded
     s0 = geodesic_sharpness(M.model, [batch], 0.05, **kw).mean
     s1 = geodesic_sharpness(m1, [batch], 0.05, **kw).mean
