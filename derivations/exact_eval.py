@@ -9,10 +9,13 @@ them), and every operation follows the product rule, so evaluating an expression
     (a, ȧ)^k = (a^k, k a^{k−1} ȧ)   (integer k).
 
 A derivative part ``None`` stands for zero (constants). Sub-expressions are memoised per point, so the
-Gram matrices and inverses shared by many ansatz terms are computed once.
+Gram matrices and inverses shared by many ansatz terms are computed once; the memos are keyed by an int per
+distinct expression (:func:`_key`), so that equal sub-expressions built as separate trees meet without SymPy
+comparing the trees node by node at every lookup.
 """
 from __future__ import annotations
 
+import itertools
 import random
 from fractions import Fraction
 
@@ -106,6 +109,43 @@ def inverse(M: np.ndarray) -> np.ndarray:
     return np.array([row[n:] for row in aug], dtype=object)
 
 
+#: memo keys (:func:`_key`): expression → its key, and id(expression object) → (the object, its key)
+_CANONICAL: dict = {}
+_BY_ID: dict = {}
+_MENTIONS: dict = {}
+_NEXT_KEY = itertools.count()
+#: the key tables are emptied when they reach this many objects (a key is never reused, so a memo keyed before
+#: misses after, nothing more)
+KEY_LIMIT = 1 << 18
+
+
+def _key(expr) -> int:
+    """The memo key of ``expr``: equal expressions get one int, found by the object's identity after its first lookup.
+
+    SymPy compares equal but distinct trees node by node (``Basic.__eq__``), and the ansatz terms share many equal
+    sub-expressions built separately, so keying the memos by the expressions themselves spent about a quarter of
+    an invariant-metric solve comparing trees."""
+    hit = _BY_ID.get(id(expr))
+    if hit is not None and hit[0] is expr:
+        return hit[1]
+    if len(_BY_ID) >= KEY_LIMIT:
+        _BY_ID.clear(), _CANONICAL.clear(), _MENTIONS.clear()
+    k = _CANONICAL.get(expr)
+    if k is None:
+        k = _CANONICAL[expr] = next(_NEXT_KEY)
+    _BY_ID[id(expr)] = (expr, k)
+    return k
+
+
+def _mentions(k: int, expr, symbols: frozenset, symbols_key: int) -> bool:
+    """Whether ``expr`` (of key ``k``) contains one of ``symbols`` (of key ``symbols_key``), memoised:
+    ``free_symbols`` walks the whole tree."""
+    hit = _MENTIONS.get((k, symbols_key))
+    if hit is None:
+        hit = _MENTIONS[(k, symbols_key)] = bool(expr.free_symbols & symbols)
+    return hit
+
+
 def _mul(a, b):
     if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
         return a @ b
@@ -135,6 +175,7 @@ class DualEvaluator:
         #: values of sub-expressions free of the ``volatile`` symbols, shared between evaluators at one point
         self.shared = shared
         self.volatile = frozenset(volatile)
+        self._volatile_key = _key(self.volatile)
         #: exact arithmetic in GF(modulus) instead of ℚ (values are ints; inputs given as Fractions are reduced)
         self.modulus = modulus
 
@@ -142,15 +183,16 @@ class DualEvaluator:
         return int(sp.sympify(d).xreplace(self.sizes))
 
     def __call__(self, expr):
-        hit = self.memo.get(expr)
+        k = _key(expr)
+        hit = self.memo.get(k)
         if hit is None and self.shared is not None:
-            hit = self.shared.get(expr)
+            hit = self.shared.get(k)
         if hit is None:
             hit = self._eval(expr)
-            if self.shared is not None and not (expr.free_symbols & self.volatile):
-                self.shared[expr] = hit
+            if self.shared is not None and not _mentions(k, expr, self.volatile, self._volatile_key):
+                self.shared[k] = hit
             else:
-                self.memo[expr] = hit
+                self.memo[k] = hit
         return hit
 
     def _num(self, x):

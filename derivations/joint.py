@@ -442,6 +442,7 @@ def joint_invariant_metrics(joint: JointSymmetry, sizes: dict, degree: int = 1, 
     invariant under every part symbolically."""
     sizes = {s: sizes[s.name] for b in joint.blocks for s in b.free_symbols | set().union(
         *[sp.sympify(d).free_symbols for d in b.shape]) if getattr(s, "name", None) in sizes}
+    sizes = dict(sorted(sizes.items(), key=lambda kv: kv[0].name))  # by name: not by the hash seed's set order
     cands = _joint_candidates(joint, degree)
     ctx = vertical_context(joint)
     rng = random.Random(seed)
