@@ -25,7 +25,7 @@ from sympy import (Identity, Inverse, MatAdd, MatMul, MatPow, MatrixSymbol, OneM
                    ZeroMatrix)
 
 __all__ = ["DualEvaluator", "fraction_matrix", "random_int_matrix", "inverse", "to_fraction", "PRIME",
-           "rational_reconstruction"]
+           "rational_reconstruction", "KEY_LIMIT"]
 
 #: the prime of the modular mode (2⁶¹ − 1): exact arithmetic in GF(p) keeps numbers small
 PRIME = 2**61 - 1
@@ -109,14 +109,17 @@ def inverse(M: np.ndarray) -> np.ndarray:
     return np.array([row[n:] for row in aug], dtype=object)
 
 
-#: memo keys (:func:`_key`): expression → its key, and id(expression object) → (the object, its key)
+#: memo keys (:func:`_key`): expression → its key, id(expression object) → (the object, its key) — holding the
+#: object keeps its id from being reused —, (key, volatile-set key) → whether the expression mentions the set, and
+#: volatile set → its key (by value: a few distinct sets per solve)
 _CANONICAL: dict = {}
 _BY_ID: dict = {}
 _MENTIONS: dict = {}
+_VOLATILE: dict = {}
 _NEXT_KEY = itertools.count()
 #: the key tables are emptied when they reach this many objects (a key is never reused, so a memo keyed before
-#: misses after, nothing more)
-KEY_LIMIT = 1 << 18
+#: misses after, nothing more; a joint symmetry's solve at 3 × 2 keys ≈ 4,600 objects, ≈ 1 kB each)
+KEY_LIMIT = 1 << 15
 
 
 def _key(expr) -> int:
@@ -126,14 +129,22 @@ def _key(expr) -> int:
     sub-expressions built separately, so keying the memos by the expressions themselves spent about a quarter of
     an invariant-metric solve comparing trees."""
     hit = _BY_ID.get(id(expr))
-    if hit is not None and hit[0] is expr:
+    if hit is not None:
         return hit[1]
     if len(_BY_ID) >= KEY_LIMIT:
-        _BY_ID.clear(), _CANONICAL.clear(), _MENTIONS.clear()
+        _BY_ID.clear(), _CANONICAL.clear(), _MENTIONS.clear(), _VOLATILE.clear()
     k = _CANONICAL.get(expr)
     if k is None:
         k = _CANONICAL[expr] = next(_NEXT_KEY)
     _BY_ID[id(expr)] = (expr, k)
+    return k
+
+
+def _volatile_key(symbols: frozenset) -> int:
+    """The key of a set of volatile symbols, by value (an evaluator's set is a new object each time)."""
+    k = _VOLATILE.get(symbols)
+    if k is None:
+        k = _VOLATILE[symbols] = next(_NEXT_KEY)
     return k
 
 
@@ -164,7 +175,10 @@ class DualEvaluator:
     """Evaluate SymPy expressions at one concrete point as dual numbers.
 
     ``sizes``: dimension symbol → int; ``env``: symbol (``MatrixSymbol`` or scalar ``Symbol``) → (value,
-    derivative or None). Symbols missing from ``env`` raise KeyError (a bug in the caller)."""
+    derivative or None). Symbols missing from ``env`` raise KeyError (a bug in the caller). Evaluators given one
+    ``shared`` dict must have the same ``volatile`` symbols and the same values of every other symbol (one point
+    θ, several tangents): a value that mentions no volatile symbol is computed by the first and reused by the
+    others."""
 
     def __init__(self, sizes: dict, env: dict, exact: bool = True, shared: dict | None = None, volatile=(),
                  modulus: int | None = None):
@@ -175,7 +189,7 @@ class DualEvaluator:
         #: values of sub-expressions free of the ``volatile`` symbols, shared between evaluators at one point
         self.shared = shared
         self.volatile = frozenset(volatile)
-        self._volatile_key = _key(self.volatile)
+        self._volatile_key = None if shared is None else _volatile_key(self.volatile)
         #: exact arithmetic in GF(modulus) instead of ℚ (values are ints; inputs given as Fractions are reduced)
         self.modulus = modulus
 

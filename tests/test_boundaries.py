@@ -396,13 +396,26 @@ def test_relative_imports_resolve():
 TEST_FILES = sorted((ROOT / "tests").rglob("*.py"))
 
 
+def _is_test_module(name: str) -> bool:
+    return name.rsplit(".", 1)[-1].startswith("test_")
+
+
 def imports_of_test_modules(paths, root: Path = ROOT) -> list[str]:
-    """``file:line: import`` for every import of a test module (a module named ``test_*``) by another file."""
+    """``file:line: import`` for every import statement that loads a test module (a module named ``test_*``):
+    ``import a.test_b``, ``from a.test_b import x``, ``from a import test_b`` where ``a/test_b.py`` exists (a
+    function named ``test_*`` imported from a helper module is not a module). Not seen: ``importlib`` calls and
+    ``pytest_plugins`` lists."""
     out = []
     for path in paths:
         for node in _walk_imports(_parse(path), module_level_only=False):
-            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else _imported_names(node, path, root)
-            if any(m.rsplit(".", 1)[-1].startswith("test_") for m in mods):
+            if isinstance(node, ast.Import):
+                bad = any(_is_test_module(a.name) for a in node.names)
+            else:
+                mod = _absolute(node, path, root)
+                bad = _is_test_module(mod) or any(
+                    _is_test_module(a.name) and root.joinpath(*mod.split("."), f"{a.name}.py").is_file()
+                    for a in node.names)
+            if bad:
                 out.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
     return sorted(out)
 
@@ -418,10 +431,15 @@ def test_g_no_test_module_imports_another():
     ("from .test_hessian import _dense_reference", 1),
     ("import tests.test_boundaries", 1),
     ("from tests.cases import test_inputs", 1),
+    ("from . import test_hessian as h", 1),
+    ("def f():\n    import tests.geosharp_ref.sharpness.test_hessian", 1),
     ("from tests.cases.reference import DENSE_TOL", 0),
+    ("from tests.cases.reference import test_statistic", 0),
     ("from geosharp_ref.testing import strategies", 0),
     ("from tests import cases", 0),
 ])
 def test_test_module_scanner(tmp_path, source, expected):
-    probe = _plant(tmp_path, {"tests/geosharp_ref/sharpness/test_probe.py": source}) / "tests/geosharp_ref/sharpness"
+    probe = _plant(tmp_path, {"tests/geosharp_ref/sharpness/test_probe.py": source, "tests/cases/test_inputs.py": "",
+                              "tests/cases/reference.py": "", "tests/geosharp_ref/sharpness/test_hessian.py": ""})
+    probe = tmp_path / "tests/geosharp_ref/sharpness"
     assert len(imports_of_test_modules([probe / "test_probe.py"], tmp_path)) == expected

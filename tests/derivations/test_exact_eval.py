@@ -19,6 +19,25 @@ n, k = sp.Symbol("n"), sp.Symbol("k")
 SIZES = {n: 3, k: 2}
 
 
+@pytest.fixture(autouse=True)
+def fresh_key_tables(monkeypatch):
+    """Each test starts from empty key tables (no key or clear left by earlier tests in the process)."""
+    for name in ("_CANONICAL", "_BY_ID", "_MENTIONS", "_VOLATILE"):
+        monkeypatch.setattr(exact_eval, name, {})
+
+
+def _fresh(G, dG, xi, eta, term, modulus=None):
+    """A reference: ``term`` evaluated by an evaluator that shares nothing, not even the key tables."""
+    tables = {name: getattr(exact_eval, name) for name in ("_CANONICAL", "_BY_ID", "_MENTIONS", "_VOLATILE")}
+    for name in tables:
+        setattr(exact_eval, name, {})
+    try:
+        return DualEvaluator(SIZES, _env(G, dG, xi, eta), modulus=modulus)(term)
+    finally:
+        for name, table in tables.items():
+            setattr(exact_eval, name, table)
+
+
 def _symbols():
     """Fresh symbol objects (equal to those of another call, but not the same objects)."""
     return MatrixSymbol("G", n, k), MatrixSymbol("xi", n, k), MatrixSymbol("eta", n, k)
@@ -64,8 +83,7 @@ def test_one_memoised_evaluator_equals_fresh_evaluators_and_float64(modulus):
     one._eval = lambda expr: (inverses.__setitem__(0, inverses[0] + isinstance(expr, Inverse)), inner(expr))[1]
     for i, term in enumerate(_terms()):
         val, der = one(term)
-        fresh = DualEvaluator(SIZES, _env(G, dG, xi, eta), modulus=modulus)(term)
-        assert (val, der) == fresh
+        assert (val, der) == _fresh(G, dG, xi, eta, term, modulus)
         if modulus is None:
             assert float(val) == pytest.approx(_float_reference(i, G, xi, eta), rel=1e-12)
             h = 1e-5
@@ -86,18 +104,39 @@ def test_values_free_of_the_volatile_symbols_are_shared_and_the_others_are_not()
         inner = ev._eval
         ev._eval = lambda expr, inner=inner: (calls.__setitem__(0, calls[0] + 1), inner(expr))[1]
         results.append([ev(t) for t in _terms()])
-        assert results[-1] == [DualEvaluator(SIZES, _env(G, dG, xi, eta))(t) for t in _terms()]
+        assert results[-1] == [_fresh(G, dG, xi, eta, t) for t in _terms()]
         if seed == 2:
             first_calls = calls[0]
     assert results[0] != results[1]  # the tangents differ, and so do the values that mention them
     assert shared and calls[0] - first_calls < first_calls  # the second evaluator reused the shared Gram parts
 
 
+def test_whether_a_value_is_shared_depends_on_the_volatile_set():
+    """An evaluator for which nothing is volatile shares every value (ξ's included) in its dict; two later evaluators
+    sharing another dict, with ξ and η volatile, at two tangents, must each return their own tangent's value."""
+    G, dG, xi1, eta = _point(5)
+    xi2 = _point(6)[2]
+    g, x, e = _symbols()
+    term = _terms()[0]
+    everything = {}
+    DualEvaluator(SIZES, _env(G, dG, xi1, eta), shared=everything, volatile=())(term)
+    assert len(everything) > 3  # ξ's values too
+    shared = {}
+    v1 = DualEvaluator(SIZES, _env(G, dG, xi1, eta), shared=shared, volatile=(x, e))(term)
+    v2 = DualEvaluator(SIZES, _env(G, dG, xi2, eta), shared=shared, volatile=(x, e))(term)
+    assert v1 == _fresh(G, dG, xi1, eta, term) and v2 == _fresh(G, dG, xi2, eta, term) != v1
+
+
 def test_emptied_key_tables_change_nothing(monkeypatch):
     G, dG, xi, eta = _point(4)
-    want = [DualEvaluator(SIZES, _env(G, dG, xi, eta))(t) for t in _terms()]
+    want = [_fresh(G, dG, xi, eta, t) for t in _terms()]
+    shared = {}
+    g, x, e = _symbols()
+    DualEvaluator(SIZES, _env(G, dG, xi, eta), shared=shared, volatile=(x, e))(_terms()[1])
+    assert exact_eval._MENTIONS and exact_eval._VOLATILE
     monkeypatch.setattr(exact_eval, "KEY_LIMIT", 3)  # emptied again and again during one evaluation
     got = [DualEvaluator(SIZES, _env(G, dG, xi, eta))(t) for t in _terms()]
     assert got == want
-    assert len(exact_eval._BY_ID) <= 3
+    assert len(exact_eval._BY_ID) <= 3 and len(exact_eval._CANONICAL) <= 3
+    assert not exact_eval._MENTIONS and not exact_eval._VOLATILE  # emptied with them (no evaluator shared since)
     assert all(isinstance(v, Fraction) for v, _ in got)

@@ -91,7 +91,7 @@ def test_nothing_is_kept_for_a_loss_of_ones_own_in_training_mode_or_for_inferenc
             assert forwards_during(calls, lambda: at_theta.losses_at_theta(model, params, batches))[1] == 2
 
 
-def test_a_second_evaluation_in_the_scope_gives_the_record_of_one_outside_it_with_fewerforwards_during():
+def test_a_second_evaluation_in_the_scope_gives_the_record_of_one_outside_it_with_fewer_forwards():
     model, _, batches, calls = counted_bert()
     m = get_measure("adaptive")
 
