@@ -58,7 +58,9 @@ from .models import (CLIP_SOUP_SMALL, DT, IR, ROOT, SMALL, GQAAttention, GQANet,
                      deit, diagonal_net, diagonal_regression, gemma, gpt2, gpt_neox, gptj, hf_transformers, llama, lora,
                      mha_encoder,
                      mistral, mlp, mlp64, phi3, qknorm_net, qwen2, roberta, save_clip_soup, vit)
-from .reference import rel_error, trust_region_max
+from .counting import counted_bert, forwards_during
+from .orbits import assert_invariant_along_every_orbit, moved_along_every_orbit
+from .reference import DENSE_TOL, dense_horizontal_hessian, rel_error, trust_region_max
 from .tables import (CASES, DECODER_CASES, DECODER_NAMES, SHARPNESS_CASES, SHARPNESS_NAMES, SYMMETRY_CASES,
                      SYMMETRY_NAMES, Case, SharpnessModel, build, make, randomize_vectors, sharpness_case,
                      symmetry_case)
@@ -86,5 +88,7 @@ __all__ = [
     "copy_population", "jsonl", "subprocess_env", "save_bert_backbone", "save_llama_and_lm_data", "quiet_transformers",
     "assert_refused_and_nothing_written",
     # reference
-    "trust_region_max", "rel_error",
+    "trust_region_max", "rel_error", "dense_horizontal_hessian", "DENSE_TOL",
+    # orbits, counting
+    "moved_along_every_orbit", "assert_invariant_along_every_orbit", "counted_bert", "forwards_during",
 ]

@@ -84,6 +84,9 @@ def test_one_memoised_evaluator_equals_fresh_evaluators_and_float64(modulus):
     for i, term in enumerate(_terms()):
         val, der = one(term)
         assert (val, der) == _fresh(G, dG, xi, eta, term, modulus)
+        if modulus is not None:  # GF(p) against ℚ reduced mod p (Fraction arithmetic, a separate path)
+            exact = _fresh(G, dG, xi, eta, term)
+            assert (val, der) == tuple(x.numerator * pow(x.denominator, -1, PRIME) % PRIME for x in exact)
         if modulus is None:
             assert float(val) == pytest.approx(_float_reference(i, G, xi, eta), rel=1e-12)
             h = 1e-5
