@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["rank_world", "is_distributed", "maybe_init", "shard", "barrier", "broadcast_object",
-           "gather_objects", "default_device", "backend_for"]
+           "gather_objects", "default_device", "backend_for", "COLLECTIVE_TIMEOUT_S"]
 
 
 def is_distributed() -> bool:
@@ -48,10 +48,17 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
+#: how long a rank waits in a collective (:func:`maybe_init`): at the end of a population evaluation a rank that has
+#: finished its shard waits for the slowest one, on a CPU up to a model's evaluation (about an hour for the tweets
+#: protocol's MiniLM) and more; a rank that fails ends the others through torchrun, not through this timeout
+COLLECTIVE_TIMEOUT_S = 7 * 24 * 3600.0
+
+
 @contextlib.contextmanager
-def maybe_init(backend: str | None = None, timeout_s: float = 3600.0):
+def maybe_init(backend: str | None = None, timeout_s: float = COLLECTIVE_TIMEOUT_S):
     """Initialise the default process group from torchrun's environment if ``WORLD_SIZE`` > 1
-    (and none exists yet); destroy it on exit. Yields ``(rank, world)``."""
+    (and none exists yet); destroy it on exit. Yields ``(rank, world)``. ``timeout_s``: the collectives' timeout
+    (:data:`COLLECTIVE_TIMEOUT_S`; a waiting gloo rank sleeps, it does not spin)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     created = False
     if world > 1 and not is_distributed():

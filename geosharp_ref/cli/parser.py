@@ -54,7 +54,8 @@ Every stage resumes: model directories appear atomically, every evaluated model 
 fsync'd to results.jsonl at once; under torchrun the ranks take disjoint shards of the models.
 `population status --out DIR` says where a population stands without showing any result value.
 `population pack --out DIR --to PACK` writes it without its weights (small enough to commit); `cp -r PACK DIR`
-continues it on another machine, each packed model rebuilt from its recipe and checked by SHA-256 when needed."""
+continues it on another machine, each packed model rebuilt from its recipe and checked by SHA-256 when needed
+(`population rebuild --out DIR`: all of them at once)."""
 
 
 def _add_derive(sub):
@@ -428,6 +429,10 @@ def _add_population(sub):
     k.add_argument("--out", required=True, metavar="DIR", help="population directory (only read)")
     k.add_argument("--to", required=True, metavar="PACK",
                    help="directory to write: new, or an earlier pack of this population (replaced whole)")
+    b = acts.add_parser("rebuild", help="rebuild every packed model now (from its recipe, checked by SHA-256)")
+    b.add_argument("--out", required=True, metavar="DIR", help="population directory")
+    b.add_argument("--workers", type=int, default=2, help="one-thread processes rebuilding models (default 2)")
+    b.add_argument("--no-progress", action="store_true", help="no progress bars")
     c = acts.add_parser("correlate", help="Kendall τ with bootstrap CIs per measure and ρ; JSON, CSV, PNG, table")
     c.add_argument("--out", required=True, metavar="DIR", help="population directory")
     c.add_argument("--bootstrap", type=int, default=1000, metavar="N", help="bootstrap resamples (default 1000)")

@@ -1,4 +1,4 @@
-"""``geosharp population train|evaluate|study|calibrate|import|reliability|status|pack|correlate``: the population study's
+"""``geosharp population train|evaluate|study|calibrate|import|reliability|status|pack|rebuild|correlate``: the population study's
 actions."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from ..studies.population.importing import import_population
 from ..studies.population.manifest import MANIFEST, population_files
 from ..studies.population.options import (check_calibration, check_count, check_curvature_options, check_evaluation,
                                           check_seed, check_sizes, check_training)
-from ..studies.population.pack import pack_population
+from ..studies.population.pack import pack_population, rebuild_population
 from ..studies.population.reliability import gap_reliability
 from ..studies.population.status import format_status, population_status
 from ..studies.population.study import run_study
@@ -54,6 +54,8 @@ def check_options(args) -> None:
                          f"`geosharp evaluate MODEL_DIR --data FILE`")
     if a in ("reliability", "calibrate"):
         check_count("--threads", args.threads)
+    if a == "rebuild":
+        check_count("--workers", args.workers)
     if a == "reliability":
         check_count("--splits", args.splits)
         check_seed("--seed", args.seed)
@@ -123,6 +125,9 @@ def run(args) -> int:
         print(f"packed {summary['models']} models of {args.out} into {args.to} ({summary['files']} files, "
               f"{size}; {summary['hashed']} models' weights hashed now); continue it "
               f"elsewhere with `cp -r {args.to} DIR` (each packed model is rebuilt from its recipe when needed)")
+    elif args.action == "rebuild":
+        done = rebuild_population(args.out, workers=args.workers, progress=not args.no_progress)
+        print(f"rebuilt {done['rebuilt']} of the {done['packed']} packed models of {args.out}")
     elif args.action == "status":
         status = population_status(args.out)
         print(json.dumps(status, indent=2, sort_keys=True) if args.json else format_status(status))

@@ -12,7 +12,9 @@ A packed model is rebuilt the first time a command loads it (:func:`rebuild_mode
 recipe with one thread (without the train and test error passes, whose values its record already holds), and
 every rebuilt file must have its recorded SHA-256, else the command stops and nothing is installed. Two processes
 that need the same packed model rebuild it once (the second waits). So a population survives a change of machine
-through a commit of its pack, and ``cp -r PACK DIR`` continues it there.
+through a commit of its pack, and ``cp -r PACK DIR`` continues it there. :func:`rebuild_population` (``geosharp
+population rebuild``) rebuilds every packed model at once, in several one-thread processes, before a stage that
+loads the models one after another (the test predictions of the reliability) would rebuild them one at a time.
 
 Layout of a pack (``geosharp population pack --out DIR --to PACK``)::
 
@@ -27,6 +29,8 @@ line).
 """
 from __future__ import annotations
 
+import concurrent.futures as cf
+import multiprocessing as mp
 import os
 import re
 import shutil
@@ -37,13 +41,13 @@ import torch
 
 from ...io.durable import exclusive_lock, file_digest, fsync_dir, fsync_tree
 from ...io.models import quiet_transformers
-from .manifest import MANIFEST, read_json_object
+from .manifest import MANIFEST, read_json_object, read_manifest
 from .tasks import get_task
 from .text import TOKENIZED
 from .training import train_one
 
 __all__ = ["SUMS", "RECORD", "read_sums", "model_sums", "is_packed", "check_packed_models", "pack_population",
-           "rebuild_model"]
+           "rebuild_model", "rebuild_population"]
 
 SUMS = "SHA256SUMS"
 RECORD = "geosharp_model.json"
@@ -216,3 +220,37 @@ def rebuild_model(out, entry: dict, progress: bool = True) -> bool:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return True
+
+
+def rebuild_population(out, workers: int = 2, progress: bool = True) -> dict:
+    """Rebuild every packed model of the population in ``out`` now (:func:`rebuild_model` each: trained again from
+    its recipe with one thread and checked by SHA-256), in ``workers`` spawned processes (one model each at a time;
+    1: in this process). Every ``SHA256SUMS`` is read first (a damaged one is refused before anything is rebuilt);
+    a model that does not rebuild to its sums stops the rest (those not started are cancelled; nothing of it is
+    installed). Resumable: a rebuilt model is not packed any more. Returns ``{"packed": models packed before,
+    "rebuilt": models rebuilt here}`` (fewer where another process rebuilt one meanwhile)."""
+    out = Path(out)
+    manifest = read_manifest(out)
+    check_packed_models(out, manifest)
+    todo = [m for m in manifest["models"] if "loader" not in m and isinstance(m.get("dir"), str)
+            and is_packed(out / m["dir"])]
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(todo), desc="rebuild packed models", unit="model", disable=not progress or not todo)
+    rebuilt = 0
+    if workers > 1 and len(todo) > 1:
+        with cf.ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=mp.get_context("spawn")) as ex:
+            futures = [ex.submit(rebuild_model, out, m, False) for m in todo]
+            try:
+                for fut in cf.as_completed(futures):
+                    rebuilt += fut.result()
+                    bar.update(1)
+            except BaseException:
+                ex.shutdown(wait=True, cancel_futures=True)  # the running ones finish (or refuse), no new ones
+                raise
+    else:
+        for m in todo:
+            rebuilt += rebuild_model(out, m, False)
+            bar.update(1)
+    bar.close()
+    return dict(packed=len(todo), rebuilt=rebuilt)

@@ -100,6 +100,7 @@ OTHER_CASES = {  # argv after `population`, what the line says (OUT is the popul
                                "--iters must be a positive integer"),
     "reliability: zero halvings": (["reliability", "--out", "OUT", "--splits", "0"], "--splits must be a positive"),
     "correlate: zero resamples": (["correlate", "--out", "OUT", "--bootstrap", "0"], "--bootstrap must be a positive"),
+    "rebuild: zero workers": (["rebuild", "--out", "OUT", "--workers", "0"], "--workers must be a positive"),
 }
 
 

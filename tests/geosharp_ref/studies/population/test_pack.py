@@ -105,6 +105,35 @@ def test_two_loaders_rebuild_a_packed_model_once(packed, tmp_path, monkeypatch):
     assert not pack.is_packed(out / entry["dir"])
 
 
+def test_rebuild_population_rebuilds_every_packed_model_in_worker_processes(trained, packed, tmp_path):
+    """`population rebuild`: every packed model trained again in two spawned one-thread processes, each file equal
+    to the trained population's (hashed here independently); a second call has nothing to do."""
+    to, before, _ = packed
+    out = tmp_path / "vit"
+    shutil.copytree(to, out)
+    done = pack.rebuild_population(out, workers=2, progress=False)
+    assert done == dict(packed=cases.POPULATION_MODELS, rebuilt=cases.POPULATION_MODELS)
+    after = {k: v for k, v in _tree(out).items() if k.startswith("models/model_") and not k.endswith("SHA256SUMS")}
+    assert after == {k: v for k, v in before.items() if k.startswith("models/")}
+    assert pack.rebuild_population(out, workers=2, progress=False) == dict(packed=0, rebuilt=0)
+    assert not [p for p in (out / "models").iterdir() if p.name.startswith(".tmp")]
+
+
+def test_a_model_that_does_not_rebuild_to_its_sums_stops_the_rebuild(packed, tmp_path):
+    to, _, _ = packed
+    out = tmp_path / "vit"
+    shutil.copytree(to, out)
+    entry = json.loads((out / "population.json").read_text())["models"][0]
+    sums = out / entry["dir"] / "SHA256SUMS"
+    lines = sums.read_text().splitlines()
+    i = next(i for i, line in enumerate(lines) if line.endswith("model.safetensors"))
+    lines[i] = ("0" if lines[i][0] != "0" else "1") + lines[i][1:]
+    sums.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"differs from its recorded SHA-256 in \['model.safetensors'\]"):
+        pack.rebuild_population(out, workers=2, progress=False)
+    assert sorted(p.name for p in (out / entry["dir"]).iterdir()) == ["SHA256SUMS", "geosharp_model.json"]
+
+
 def test_repack_replaces_an_earlier_pack_and_refuses_others(trained, packed, tmp_path):
     to, _, _ = packed
     earlier = tmp_path / "earlier"
@@ -130,6 +159,7 @@ _READERS = {
     "calibrate": lambda out, tmp: calibrate_population(out, [1e-3], measures=["adaptive"], models=2, batch_size=8,
                                                        n_iter=2, progress=False),
     "reliability": lambda out, tmp: gap_reliability(out, splits=3, progress=False, stream=io.StringIO()),
+    "rebuild": lambda out, tmp: pack.rebuild_population(out, workers=1, progress=False),
 }
 
 
