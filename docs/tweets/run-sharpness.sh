@@ -1,9 +1,11 @@
 #!/bin/bash
 # The tweets population's stages after training (docs/tweets/PROTOCOL.md, "Commands"), run from the snapshot
-# worktree /work/pop-eval of a commit at or after amendment 8; every stage resumes where it
-# stopped, so rerun this script after an interruption. Two cores: the reliability's test predictions and the
-# calibration with two threads, then the main evaluation beside the ablations and, after them, the exploratory
-# curvature measures (amendment 5), one thread each.
+# worktree /work/pop-eval of a commit at or after amendment 9; every stage resumes where it
+# stopped, so rerun this script after an interruption. Two cores, every stage on both (amendment 9): the packed
+# models rebuilt by two one-thread processes, the reliability's test predictions and the calibration with two
+# threads, then the main evaluation, the ablations and the exploratory curvature measures (amendment 5) in that
+# order, each as two torchrun ranks of one thread (gloo; disjoint shards of the models, the records those of one
+# process), so the primary analysis's measures are complete first.
 # usage: run-sharpness.sh   (copy it to /work/populations/tweets/; nohup ./run-sharpness.sh > sharpness.log 2>&1 &)
 set -euo pipefail
 cd /work/pop-eval
@@ -29,8 +31,10 @@ dirty=$(git -C /work/pop-eval status --porcelain --untracked-files=no)
 if [ -n "$dirty" ]; then
     echo "run-sharpness.sh: /work/pop-eval has uncommitted changes; recreate it at its commit" >&2; exit 2
 fi
-if ! git -C /work/pop-eval merge-base --is-ancestor df8903e6bcd209dc0999572ba8368f6090db9b20 HEAD; then
-    echo "run-sharpness.sh: /work/pop-eval is older than amendment 8 (df8903e); create it at a later commit" >&2; exit 2
+if ! git -C /work/pop-eval merge-base --is-ancestor df8903e6bcd209dc0999572ba8368f6090db9b20 HEAD \
+        || ! git -C /work/pop-eval grep -q "def rebuild_population" HEAD -- geosharp_ref/studies/population/pack.py; then
+    echo "run-sharpness.sh: /work/pop-eval is older than amendment 9 (population rebuild); create it at a later" \
+         "commit" >&2; exit 2
 fi
 now=$("$PY" -c "import json, platform, subprocess, numpy, scipy, tokenizers, torch, transformers; \
 head = subprocess.check_output(['git', '-C', '/work/pop-eval', 'rev-parse', 'HEAD'], text=True).strip(); \
@@ -51,35 +55,39 @@ for p in paths:
     if not p.is_file():
         p.write_text(json.dumps(now, sort_keys=True) + "\n")
 EOF
-# a stage that fails, or a killed sitting, stops every stage (a rerun would meet their evaluate locks)
-stop_stages() {
-    for pid in ${main:-} ${others:-}; do
-        pkill -TERM -P "$pid" 2>/dev/null || true; kill "$pid" 2>/dev/null || true
-    done
+# a killed sitting stops the stage in progress (its torchrun agent ends both ranks)
+stop_stage() {
+    if [ -n "${stage:-}" ]; then pkill -TERM -P "$stage" 2>/dev/null || true; kill "$stage" 2>/dev/null || true; fi
 }
-trap stop_stages EXIT
+trap stop_stage EXIT
 trap 'exit 143' TERM INT
+ranks() {  # `geosharp population ...` as two torchrun ranks of one thread each, in the background (wait: trappable)
+    OMP_NUM_THREADS=1 nice -n 19 "$PY" -m torch.distributed.run --standalone --nproc_per_node 2 \
+        -m geosharp_ref.cli population "$@" &
+    stage=$!
+    wait "$stage"
+    stage=
+}
 # where this sitting starts (counts and times only, no result value)
 gs population status --out "$DIR"
+if [ ! -f "$DIR/reliability.json" ]; then  # before the reliability, which loads the models one after another; later
+    gs population rebuild --out "$DIR" --workers 2 --no-progress  # stages' two ranks rebuild theirs when they load them
+fi
 OMP_NUM_THREADS=2 gs population reliability --out "$DIR" --threads 2 --no-progress
 OMP_NUM_THREADS=2 gs population calibrate --out "$DIR" --sizes 2e-5 2e-4 1e-3 1e-2 --models 3 --batch-size 128 \
     --probe-rho 0.03 0.3 --iters 20 --length-buckets 8 --threads 2 --no-progress --measures adaptive geodesic-inv \
     geodesic-mix geodesic-inv-first-order geodesic-mix-first-order geodesic-inv-frobenius geodesic-mix-frobenius
-OMP_NUM_THREADS=1 gs population evaluate --out "$DIR" --calibration --batches 4 --batch-size 128 --iters 20 \
-    --length-buckets 8 --threads 1 --no-progress --measures adaptive geodesic-inv geodesic-mix \
-    adaptive-linearised geodesic-inv-linearised geodesic-mix-linearised &
-main=$!
-{  # the ablations, then the exploratory curvature measures (amendment 5), beside the main evaluation
-OMP_NUM_THREADS=1 gs population evaluate --out "$DIR" --calibration --sizes 1e-3 1e-2 --tag ablations --batches 4 \
-    --batch-size 128 --iters 20 --length-buckets 8 --threads 1 --no-progress --measures \
-    geodesic-inv-first-order geodesic-mix-first-order geodesic-inv-frobenius geodesic-mix-frobenius
-OMP_NUM_THREADS=1 gs population evaluate --out "$DIR" --rho 1 --tag curvature --batches 1 --batch-size 128 \
-    --length-buckets 8 --threads 1 --no-progress --measures hessian-trace-inv hessian-trace-mix \
-    hessian-trace-euclidean hessian-top-eigenvalue-inv hessian-top-eigenvalue-mix hessian-top-eigenvalue-euclidean
-} &
-others=$!
-wait -n -p first "$main" "$others"  # the first to end; if it failed, set -e ends the script and the trap the other
-if [ "$first" = "$main" ]; then wait "$others"; else wait "$main"; fi
+# the ranks import geosharp_ref from the snapshot (PYTHONPATH), as gs asserts for one process
+"$PY" -c "import geosharp_ref; assert geosharp_ref.__file__.startswith('/work/pop-eval'), geosharp_ref.__file__"
+ranks evaluate --out "$DIR" --calibration --batches 4 --batch-size 128 --iters 20 --length-buckets 8 --threads 1 \
+    --no-progress --measures adaptive geodesic-inv geodesic-mix adaptive-linearised geodesic-inv-linearised \
+    geodesic-mix-linearised
+ranks evaluate --out "$DIR" --calibration --sizes 1e-3 1e-2 --tag ablations --batches 4 --batch-size 128 --iters 20 \
+    --length-buckets 8 --threads 1 --no-progress --measures geodesic-inv-first-order geodesic-mix-first-order \
+    geodesic-inv-frobenius geodesic-mix-frobenius
+ranks evaluate --out "$DIR" --rho 1 --tag curvature --batches 1 --batch-size 128 --length-buckets 8 --threads 1 \
+    --no-progress --measures hessian-trace-inv hessian-trace-mix hessian-trace-euclidean hessian-top-eigenvalue-inv \
+    hessian-top-eigenvalue-mix hessian-top-eigenvalue-euclidean
 trap - EXIT
 gs population correlate --out "$DIR"
 gs population correlate --out "$DIR" --tag ablations

@@ -385,8 +385,9 @@ def test_curvature_analysis_is_exploratory_and_reads_the_standard_errors(tmp_pat
 
 
 def test_the_sharpness_script_runs_the_protocols_commands():
-    """docs/tweets/run-sharpness.sh (the resumable sittings after training) parses, and runs the calibration and
-    the two evaluations with the protocol's measures, sizes, points, iterations and length buckets."""
+    """docs/tweets/run-sharpness.sh (the resumable sittings after training) parses, rebuilds the packed models
+    first, and runs the calibration and the evaluations (each as two torchrun ranks: amendment 9) with the protocol's
+    measures, sizes, points, iterations and length buckets."""
     import re
     import shlex
     from pathlib import Path
@@ -395,13 +396,20 @@ def test_the_sharpness_script_runs_the_protocols_commands():
 
     text = (Path(__file__).resolve().parents[4] / "docs" / "tweets" / "run-sharpness.sh").read_text()
     parser = build_parser()
-    runs = {}
+    runs, ranked = {}, set()
     for line in text.replace("\\\n", " ").splitlines():
-        m = re.search(r"\bgs (population .*?)( &)?$", line)
+        m = re.search(r"^\s*(?:\S+=\S+ )*(?:gs (population .*)|ranks (.*))$", line)
         if m:
-            a = parser.parse_args(shlex.split(m.group(1).replace('"$DIR"', "/pop")))
+            command = m.group(1) or "population " + m.group(2)
+            a = parser.parse_args(shlex.split(command.replace('"$DIR"', "/pop"), comments=True))
             runs[(a.action, getattr(a, "tag", ""))] = a
-    assert list(runs) == [("status", ""), ("reliability", ""), ("calibrate", ""),
+            if m.group(2):
+                ranked.add((a.action, getattr(a, "tag", "")))
+    # the evaluations, and they alone, run as two torchrun ranks
+    assert ranked == {k for k in runs if k[0] == "evaluate"}
+    assert re.search(r"torch\.distributed\.run --standalone --nproc_per_node 2 \\\n +-m geosharp_ref\.cli population",
+                     text)
+    assert list(runs) == [("status", ""), ("rebuild", ""), ("reliability", ""), ("calibrate", ""),
                           ("evaluate", ""), ("evaluate", "ablations"),
                           ("evaluate", "curvature"), ("correlate", ""), ("correlate", "ablations"),
                           ("correlate", "curvature")]
