@@ -15,14 +15,19 @@ depend on the number of ranks or on the order in which they finished.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import datetime
 import os
+import signal
+import sys
 
 import torch
 import torch.distributed as dist
 
 __all__ = ["rank_world", "is_distributed", "maybe_init", "shard", "barrier", "broadcast_object",
-           "gather_objects", "default_device", "backend_for", "COLLECTIVE_TIMEOUT_S"]
+           "gather_objects", "default_device", "backend_for", "COLLECTIVE_TIMEOUT_S", "NCCL_TIMEOUT_S",
+           "die_with_parent"]
 
 
 def is_distributed() -> bool:
@@ -48,21 +53,46 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
-#: how long a rank waits in a collective (:func:`maybe_init`): at the end of a population evaluation a rank that has
-#: finished its shard waits for the slowest one, on a CPU up to a model's evaluation (about an hour for the tweets
-#: protocol's MiniLM) and more; a rank that fails ends the others through torchrun, not through this timeout
+#: how long a gloo rank waits in a collective (:func:`maybe_init`): at the end of a population evaluation on CPUs a
+#: rank that has finished its shard waits for the slowest one, up to a model's evaluation (about an hour for the
+#: tweets protocol's MiniLM) and more; a rank that fails ends the others through torchrun, not through this timeout
 COLLECTIVE_TIMEOUT_S = 7 * 24 * 3600.0
+#: the same for an NCCL group (a GPU evaluates a model in minutes: a hung collective surfaces within the hour)
+NCCL_TIMEOUT_S = 3600.0
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> bool:
+    """Have the kernel send ``sig`` to this process when its parent exits (Linux ``prctl(PR_SET_PDEATHSIG)``), and
+    exit now where the parent is already gone. torchrun starts each rank in a session of its own, so a rank whose
+    launcher is killed (SIGKILL, a killed sitting) would otherwise run on unseen, beside the next run. True when
+    set (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        ok = libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+    if ok and os.getppid() != parent:  # the parent exited before the request took effect
+        os.kill(os.getpid(), sig)
+    return ok
 
 
 @contextlib.contextmanager
-def maybe_init(backend: str | None = None, timeout_s: float = COLLECTIVE_TIMEOUT_S):
+def maybe_init(backend: str | None = None, timeout_s: float | None = None):
     """Initialise the default process group from torchrun's environment if ``WORLD_SIZE`` > 1
     (and none exists yet); destroy it on exit. Yields ``(rank, world)``. ``timeout_s``: the collectives' timeout
-    (:data:`COLLECTIVE_TIMEOUT_S`; a waiting gloo rank sleeps, it does not spin)."""
+    (None: :data:`COLLECTIVE_TIMEOUT_S` for gloo, a waiting rank sleeps and does not spin; :data:`NCCL_TIMEOUT_S`
+    for NCCL). A rank also dies with its launcher (:func:`die_with_parent`)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     created = False
     if world > 1 and not is_distributed():
         backend = backend or backend_for()
+        if timeout_s is None:
+            timeout_s = NCCL_TIMEOUT_S if backend == "nccl" else COLLECTIVE_TIMEOUT_S
+        die_with_parent()
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))

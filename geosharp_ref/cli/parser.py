@@ -431,7 +431,7 @@ def _add_population(sub):
                    help="directory to write: new, or an earlier pack of this population (replaced whole)")
     b = acts.add_parser("rebuild", help="rebuild every packed model now (from its recipe, checked by SHA-256)")
     b.add_argument("--out", required=True, metavar="DIR", help="population directory")
-    b.add_argument("--workers", type=int, default=2, help="one-thread processes rebuilding models (default 2)")
+    b.add_argument("--workers", type=int, default=2, metavar="N", help="one-thread processes rebuilding (default 2)")
     b.add_argument("--no-progress", action="store_true", help="no progress bars")
     c = acts.add_parser("correlate", help="Kendall τ with bootstrap CIs per measure and ρ; JSON, CSV, PNG, table")
     c.add_argument("--out", required=True, metavar="DIR", help="population directory")

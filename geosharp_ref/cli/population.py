@@ -1,5 +1,5 @@
-"""``geosharp population train|evaluate|study|calibrate|import|reliability|status|pack|rebuild|correlate``: the population study's
-actions."""
+"""``geosharp population train|evaluate|study|calibrate|import|reliability|status|pack|rebuild|correlate``: the
+population study's actions."""
 from __future__ import annotations
 
 import json

@@ -30,15 +30,19 @@ line).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import itertools
 import multiprocessing as mp
 import os
 import re
 import shutil
+import signal
 import sys
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import torch
 
+from ...distributed import die_with_parent
 from ...io.durable import exclusive_lock, file_digest, fsync_dir, fsync_tree
 from ...io.models import quiet_transformers
 from .manifest import MANIFEST, read_json_object, read_manifest
@@ -224,11 +228,12 @@ def rebuild_model(out, entry: dict, progress: bool = True) -> bool:
 
 def rebuild_population(out, workers: int = 2, progress: bool = True) -> dict:
     """Rebuild every packed model of the population in ``out`` now (:func:`rebuild_model` each: trained again from
-    its recipe with one thread and checked by SHA-256), in ``workers`` spawned processes (one model each at a time;
-    1: in this process). Every ``SHA256SUMS`` is read first (a damaged one is refused before anything is rebuilt);
-    a model that does not rebuild to its sums stops the rest (those not started are cancelled; nothing of it is
-    installed). Resumable: a rebuilt model is not packed any more. Returns ``{"packed": models packed before,
-    "rebuilt": models rebuilt here}`` (fewer where another process rebuilt one meanwhile)."""
+    its recipe with one thread and checked by SHA-256), in ``workers`` spawned processes, one model each at a time
+    (1: in this process). Every ``SHA256SUMS`` is read first (a damaged one is refused before anything is rebuilt).
+    A model that does not rebuild to its sums stops the rebuild: nothing of it is installed, the models being
+    rebuilt beside it finish, and no further one starts. Resumable: a rebuilt model is not packed any more. Returns
+    ``{"packed": models packed before, "rebuilt": models rebuilt here}`` (fewer where another process rebuilt one
+    meanwhile)."""
     out = Path(out)
     manifest = read_manifest(out)
     check_packed_models(out, manifest)
@@ -238,19 +243,39 @@ def rebuild_population(out, workers: int = 2, progress: bool = True) -> dict:
 
     bar = tqdm(total=len(todo), desc="rebuild packed models", unit="model", disable=not progress or not todo)
     rebuilt = 0
-    if workers > 1 and len(todo) > 1:
-        with cf.ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=mp.get_context("spawn")) as ex:
-            futures = [ex.submit(rebuild_model, out, m, False) for m in todo]
-            try:
-                for fut in cf.as_completed(futures):
-                    rebuilt += fut.result()
-                    bar.update(1)
-            except BaseException:
-                ex.shutdown(wait=True, cancel_futures=True)  # the running ones finish (or refuse), no new ones
-                raise
-    else:
-        for m in todo:
-            rebuilt += rebuild_model(out, m, False)
-            bar.update(1)
-    bar.close()
+    try:
+        if workers > 1 and len(todo) > 1:
+            rebuilt = _rebuild_in_workers(out, todo, workers, bar)
+        else:
+            for m in todo:
+                rebuilt += rebuild_model(out, m, False)
+                bar.update(1)
+    finally:
+        bar.close()
     return dict(packed=len(todo), rebuilt=rebuilt)
+
+
+def _rebuild_in_workers(out: Path, todo: list, workers: int, bar) -> int:
+    """:func:`rebuild_model` of each entry of ``todo`` in ``workers`` spawned processes, at most one model each
+    submitted at a time (so an error stops the rest instead of waiting behind queued ones)."""
+    rebuilt, queue = 0, iter(todo)
+    try:
+        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
+                                    initializer=_rebuild_worker) as ex:
+            running = {ex.submit(rebuild_model, out, m, False) for m in itertools.islice(queue, workers)}
+            while running:
+                done, running = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+                for fut in done:
+                    rebuilt += fut.result()  # an error leaves the with block: the running ones finish
+                    bar.update(1)
+                    running |= {ex.submit(rebuild_model, out, m, False) for m in itertools.islice(queue, 1)}
+    except BrokenProcessPool:
+        raise OSError(f"a process rebuilding models of {out} died (killed, or out of memory?); the models it "
+                      f"finished are kept: run `geosharp population rebuild --out {out}` again") from None
+    return rebuilt
+
+
+def _rebuild_worker() -> None:
+    """A rebuild process ignores Ctrl-C (its parent stops the pool) and dies with its parent."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent()

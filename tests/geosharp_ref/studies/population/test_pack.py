@@ -22,6 +22,15 @@ def _tree(root):
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def _damage_weights_sum(model_dir):
+    """Change the first digit of the weights' recorded SHA-256 in ``model_dir``'s SHA256SUMS."""
+    sums = model_dir / "SHA256SUMS"
+    lines = sums.read_text().splitlines()
+    i = next(i for i, line in enumerate(lines) if line.endswith("model.safetensors"))
+    lines[i] = ("0" if lines[i][0] != "0" else "1") + lines[i][1:]
+    sums.write_text("\n".join(lines) + "\n")
+
+
 @pytest.fixture(scope="module")
 def packed(trained, tmp_path_factory):
     """A pack of the trained population, with the population's files as they were before packing."""
@@ -72,20 +81,40 @@ def test_packed_model_is_rebuilt_bit_identical_once(trained, packed, tmp_path):
     assert again["hashed"] == 0 and _tree(tmp_path / "again") == _tree(to)
 
 
-def test_rebuild_with_wrong_sums_is_refused_and_installs_nothing(packed, tmp_path):
+def test_the_rebuild_command_rebuilds_in_this_process_with_one_worker(packed, tmp_path, capsys):
+    from geosharp_ref.cli import main
+
+    to, before, _ = packed
+    out = tmp_path / "vit"
+    shutil.copytree(to, out)
+    assert main(["population", "rebuild", "--out", str(out), "--workers", "1", "--no-progress"]) == 0
+    assert capsys.readouterr().out.strip() == f"rebuilt {cases.POPULATION_MODELS} of the {cases.POPULATION_MODELS} " \
+                                              f"packed models of {out}"
+    assert {k: v for k, v in _tree(out).items() if k.startswith("models/model_") and not k.endswith("SUMS")} == \
+        {k: v for k, v in before.items() if k.startswith("models/")}
+
+
+#: the two ways a packed model is rebuilt: loaded by a stage, or with every other one (`population rebuild`)
+_REBUILDERS = {
+    "load": lambda out, entry: pop.load_population_model(out, entry),
+    "rebuild-population": lambda out, entry: pack.rebuild_population(out, workers=2, progress=False),
+}
+
+
+@pytest.mark.parametrize("rebuilder", sorted(_REBUILDERS))
+def test_rebuild_with_wrong_sums_is_refused_and_installs_nothing(packed, tmp_path, rebuilder):
     to, _, _ = packed
     out = tmp_path / "vit"
     shutil.copytree(to, out)
     entry = json.loads((out / "population.json").read_text())["models"][0]
-    sums = out / entry["dir"] / "SHA256SUMS"
-    lines = sums.read_text().splitlines()
-    i = next(i for i, line in enumerate(lines) if line.endswith("model.safetensors"))
-    lines[i] = ("0" if lines[i][0] != "0" else "1") + lines[i][1:]
-    sums.write_text("\n".join(lines) + "\n")
+    _damage_weights_sum(out / entry["dir"])
     with pytest.raises(ValueError, match=r"differs from its recorded SHA-256 in \['model.safetensors'\]"):
-        pop.load_population_model(out, entry)
+        _REBUILDERS[rebuilder](out, entry)
     assert sorted(p.name for p in (out / entry["dir"]).iterdir()) == ["SHA256SUMS", "geosharp_model.json"]
     assert not [p for p in (out / "models").iterdir() if p.name.startswith(".tmp")]
+    if rebuilder == "rebuild-population":  # two workers: the error stops the rest, the last model never starts
+        last = json.loads((out / "population.json").read_text())["models"][-1]
+        assert cases.POPULATION_MODELS >= 4 and pack.is_packed(out / last["dir"])
 
 
 def test_two_loaders_rebuild_a_packed_model_once(packed, tmp_path, monkeypatch):
@@ -105,33 +134,22 @@ def test_two_loaders_rebuild_a_packed_model_once(packed, tmp_path, monkeypatch):
     assert not pack.is_packed(out / entry["dir"])
 
 
-def test_rebuild_population_rebuilds_every_packed_model_in_worker_processes(trained, packed, tmp_path):
+def test_rebuild_population_rebuilds_every_packed_model_in_worker_processes(trained, packed, tmp_path,
+                                                                          monkeypatch):
     """`population rebuild`: every packed model trained again in two spawned one-thread processes, each file equal
     to the trained population's (hashed here independently); a second call has nothing to do."""
     to, before, _ = packed
     out = tmp_path / "vit"
     shutil.copytree(to, out)
+    pools, real = [], pack.cf.ProcessPoolExecutor
+    monkeypatch.setattr(pack.cf, "ProcessPoolExecutor", lambda **kw: pools.append(kw) or real(**kw))
     done = pack.rebuild_population(out, workers=2, progress=False)
+    assert [(kw["max_workers"], kw["mp_context"].get_start_method()) for kw in pools] == [(2, "spawn")]
     assert done == dict(packed=cases.POPULATION_MODELS, rebuilt=cases.POPULATION_MODELS)
     after = {k: v for k, v in _tree(out).items() if k.startswith("models/model_") and not k.endswith("SHA256SUMS")}
     assert after == {k: v for k, v in before.items() if k.startswith("models/")}
     assert pack.rebuild_population(out, workers=2, progress=False) == dict(packed=0, rebuilt=0)
     assert not [p for p in (out / "models").iterdir() if p.name.startswith(".tmp")]
-
-
-def test_a_model_that_does_not_rebuild_to_its_sums_stops_the_rebuild(packed, tmp_path):
-    to, _, _ = packed
-    out = tmp_path / "vit"
-    shutil.copytree(to, out)
-    entry = json.loads((out / "population.json").read_text())["models"][0]
-    sums = out / entry["dir"] / "SHA256SUMS"
-    lines = sums.read_text().splitlines()
-    i = next(i for i, line in enumerate(lines) if line.endswith("model.safetensors"))
-    lines[i] = ("0" if lines[i][0] != "0" else "1") + lines[i][1:]
-    sums.write_text("\n".join(lines) + "\n")
-    with pytest.raises(ValueError, match=r"differs from its recorded SHA-256 in \['model.safetensors'\]"):
-        pack.rebuild_population(out, workers=2, progress=False)
-    assert sorted(p.name for p in (out / entry["dir"]).iterdir()) == ["SHA256SUMS", "geosharp_model.json"]
 
 
 def test_repack_replaces_an_earlier_pack_and_refuses_others(trained, packed, tmp_path):
