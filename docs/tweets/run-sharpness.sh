@@ -16,9 +16,21 @@ PY=/work/main/.venv/bin/python
 if [ ! -e "$DIR" ] && [ -f /work/main/docs/tweets/recipes/population.json ]; then
     cp -r /work/main/docs/tweets/recipes "$DIR.restoring" && mv "$DIR.restoring" "$DIR"
 fi
+# every stage runs in the background and is waited for, so that a TERM (a killed sitting) is handled at once, not
+# after the stage: stop_stage then ends the stage and every process under it (torchrun's ranks, rebuild workers)
+run() {
+    "$@" &
+    stage=$!
+    wait "$stage" || { local rc=$?; stage=; return $rc; }
+    stage=
+}
 gs() {  # geosharp from the snapshot (asserted), at low priority
-    nice -n 19 "$PY" -c "import geosharp_ref, sys; assert geosharp_ref.__file__.startswith('/work/pop-eval'), \
+    run nice -n 19 "$PY" -c "import geosharp_ref, sys; assert geosharp_ref.__file__.startswith('/work/pop-eval'), \
 geosharp_ref.__file__; from geosharp_ref.cli import main; sys.exit(main(sys.argv[1:]))" "$@"
+}
+ranks() {  # `geosharp population ...` as two torchrun ranks of one thread each (they import from the snapshot too)
+    OMP_NUM_THREADS=1 run nice -n 19 "$PY" -m torch.distributed.run --standalone --nproc_per_node 2 \
+        -m geosharp_ref.cli population "$@"
 }
 # all 80 models trained (the manifest is complete) before the reliability, and the reliability before any sharpness
 "$PY" -c "import json, sys; m = json.load(open('$DIR/population.json')); n = len(m['models']); \
@@ -31,10 +43,10 @@ dirty=$(git -C /work/pop-eval status --porcelain --untracked-files=no)
 if [ -n "$dirty" ]; then
     echo "run-sharpness.sh: /work/pop-eval has uncommitted changes; recreate it at its commit" >&2; exit 2
 fi
-if ! git -C /work/pop-eval merge-base --is-ancestor df8903e6bcd209dc0999572ba8368f6090db9b20 HEAD \
-        || ! git -C /work/pop-eval grep -q "def rebuild_population" HEAD -- geosharp_ref/studies/population/pack.py; then
-    echo "run-sharpness.sh: /work/pop-eval is older than amendment 9 (population rebuild); create it at a later" \
-         "commit" >&2; exit 2
+# amendment 9's code: population rebuild, ranks that die with their launcher, gloo's 7-day timeout (98c606e)
+if ! git -C /work/pop-eval merge-base --is-ancestor 98c606e073de8fd7baccd4d12ed9cb36cb21bff3 HEAD; then
+    echo "run-sharpness.sh: /work/pop-eval is older than amendment 9's code (98c606e); create it at a later commit" >&2
+    exit 2
 fi
 now=$("$PY" -c "import json, platform, subprocess, numpy, scipy, tokenizers, torch, transformers; \
 head = subprocess.check_output(['git', '-C', '/work/pop-eval', 'rev-parse', 'HEAD'], text=True).strip(); \
@@ -55,23 +67,22 @@ for p in paths:
     if not p.is_file():
         p.write_text(json.dumps(now, sort_keys=True) + "\n")
 EOF
-# a killed sitting stops the stage in progress (its torchrun agent ends both ranks)
+descendants() {  # every process under $1, deepest first
+    local c
+    for c in $(pgrep -P "$1" || true); do descendants "$c"; echo "$c"; done
+}
 stop_stage() {
-    if [ -n "${stage:-}" ]; then pkill -TERM -P "$stage" 2>/dev/null || true; kill "$stage" 2>/dev/null || true; fi
+    if [ -n "${stage:-}" ]; then kill -TERM $(descendants "$stage") "$stage" 2>/dev/null || true; fi
 }
 trap stop_stage EXIT
-trap 'exit 143' TERM INT
-ranks() {  # `geosharp population ...` as two torchrun ranks of one thread each, in the background (wait: trappable)
-    OMP_NUM_THREADS=1 nice -n 19 "$PY" -m torch.distributed.run --standalone --nproc_per_node 2 \
-        -m geosharp_ref.cli population "$@" &
-    stage=$!
-    wait "$stage"
-    stage=
-}
+trap 'exit 143' TERM
+trap 'exit 130' INT
 # where this sitting starts (counts and times only, no result value)
 gs population status --out "$DIR"
-if [ ! -f "$DIR/reliability.json" ]; then  # before the reliability, which loads the models one after another; later
-    gs population rebuild --out "$DIR" --workers 2 --no-progress  # stages' two ranks rebuild theirs when they load them
+# the packed models before the stages that load them one after another (the reliability, the calibration's three);
+# after those, each of two ranks rebuilds the models it loads
+if [ ! -f "$DIR/reliability.json" ] || [ ! -f "$DIR/calibration.json" ]; then
+    gs population rebuild --out "$DIR" --workers 2 --no-progress
 fi
 OMP_NUM_THREADS=2 gs population reliability --out "$DIR" --threads 2 --no-progress
 OMP_NUM_THREADS=2 gs population calibrate --out "$DIR" --sizes 2e-5 2e-4 1e-3 1e-2 --models 3 --batch-size 128 \

@@ -5,6 +5,7 @@ import csv
 import json
 import math
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -405,10 +406,16 @@ def test_the_sharpness_script_runs_the_protocols_commands():
             runs[(a.action, getattr(a, "tag", ""))] = a
             if m.group(2):
                 ranked.add((a.action, getattr(a, "tag", "")))
-    # the evaluations, and they alone, run as two torchrun ranks
+    # the evaluations, and they alone, run as two torchrun ranks of one thread; every stage in the background, waited
+    # for (a TERM is handled at once); the packed models rebuilt by two processes
     assert ranked == {k for k in runs if k[0] == "evaluate"}
-    assert re.search(r"torch\.distributed\.run --standalone --nproc_per_node 2 \\\n +-m geosharp_ref\.cli population",
-                     text)
+    assert re.search(r'ranks\(\) \{[^}]*OMP_NUM_THREADS=1 run nice -n 19 "\$PY" -m torch\.distributed\.run --standalone '
+                     r'--nproc_per_node 2 \\\n +-m geosharp_ref\.cli population "\$@"\n\}', text)
+    assert re.search(r'run\(\) \{\n +"\$@" &\n +stage=\$!\n +wait "\$stage"', text) and "gs() {  # geosharp" in text
+    assert re.search(r'gs\(\) \{[^}]*\n +run nice -n 19', text)
+    assert runs["rebuild", ""].workers == 2
+    path = Path(__file__).resolve().parents[4] / "docs" / "tweets" / "run-sharpness.sh"
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
     assert list(runs) == [("status", ""), ("rebuild", ""), ("reliability", ""), ("calibrate", ""),
                           ("evaluate", ""), ("evaluate", "ablations"),
                           ("evaluate", "curvature"), ("correlate", ""), ("correlate", "ablations"),
