@@ -1,10 +1,12 @@
 """`geosharp population pack`: a population without its weights, rebuilt from its recipes and checked by SHA-256
 (the package's tiny vision population; the tweets task's rebuild is in test_tweets.py)."""
+import concurrent.futures as cf
 import hashlib
 import io
 import json
 import shutil
 import threading
+import time
 
 import pytest
 import torch
@@ -112,9 +114,28 @@ def test_rebuild_with_wrong_sums_is_refused_and_installs_nothing(packed, tmp_pat
         _REBUILDERS[rebuilder](out, entry)
     assert sorted(p.name for p in (out / entry["dir"]).iterdir()) == ["SHA256SUMS", "geosharp_model.json"]
     assert not [p for p in (out / "models").iterdir() if p.name.startswith(".tmp")]
-    if rebuilder == "rebuild-population":  # two workers: the error stops the rest, the last model never starts
-        last = json.loads((out / "population.json").read_text())["models"][-1]
-        assert cases.POPULATION_MODELS >= 4 and pack.is_packed(out / last["dir"])
+
+
+def test_a_failed_rebuild_starts_no_further_model(packed, tmp_path, monkeypatch):
+    """One model per worker is submitted at a time: after model_000 fails, only the model running beside it
+    (model_001) finishes, and no queued model starts (threads stand in for the processes; the rebuild is faked)."""
+    to, _, _ = packed
+    out = tmp_path / "vit"
+    shutil.copytree(to, out)
+    started = []
+
+    def rebuild(out_, entry, progress):
+        started.append(entry["name"])
+        if entry["name"] == "model_000":
+            raise ValueError("model_000: the rebuilt model differs from its recorded SHA-256")
+        time.sleep(0.5)
+        return True
+
+    monkeypatch.setattr(pack, "rebuild_model", rebuild)
+    monkeypatch.setattr(pack.cf, "ProcessPoolExecutor", lambda max_workers, **kw: cf.ThreadPoolExecutor(max_workers))
+    with pytest.raises(ValueError, match="differs"):
+        pack.rebuild_population(out, workers=2, progress=False)
+    assert sorted(started) == ["model_000", "model_001"] and cases.POPULATION_MODELS > 2
 
 
 def test_two_loaders_rebuild_a_packed_model_once(packed, tmp_path, monkeypatch):
