@@ -236,9 +236,8 @@ def rebuild_population(out, workers: int = 2, progress: bool = True) -> dict:
     meanwhile)."""
     out = Path(out)
     manifest = read_manifest(out)
-    check_packed_models(out, manifest)
-    todo = [m for m in manifest["models"] if "loader" not in m and isinstance(m.get("dir"), str)
-            and is_packed(out / m["dir"])]
+    packed = {name for name, d in _model_entries(out, manifest) if is_packed(d)}  # every SHA256SUMS read first
+    todo = [m for m in manifest["models"] if m["name"] in packed]
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(todo), desc="rebuild packed models", unit="model", disable=not progress or not todo)
