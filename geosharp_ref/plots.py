@@ -145,6 +145,14 @@ def row_value(row: str) -> float:
     return float(row.split("=", 1)[1] if "=" in row else row)
 
 
+def _bar_lengths(point, lo, hi) -> list:
+    """Error-bar lengths below and above ``point`` for the interval [lo, hi], each at least 0: a skewed bootstrap
+    can leave the point outside its percentile interval, and matplotlib refuses a negative length (the bar then
+    reaches from the point to the interval's far end; ``analysis.md`` names such a contrast)."""
+    point = np.asarray(point, float)
+    return [np.clip(point - np.asarray(lo, float), 0, None), np.clip(np.asarray(hi, float) - point, 0, None)]
+
+
 def plot_signed_contrast(path, result: dict):
     """The primary contrast of a population (:func:`geosharp_ref.studies.population.reanalysis.reanalyse` or the
     tweets protocol's ``analyse``): Δ = τ(s_geo, gap) − τ(s_ada, gap) for each Auto-PGD geodesic measure at each
@@ -177,10 +185,10 @@ def plot_signed_contrast(path, result: dict):
             if c.get("geodesic_better"):
                 ax.annotate("*", (x, c["ci"][1]), ha="center", va="bottom", color=colour, fontsize=12)
         d, pd = np.asarray(d, float), np.asarray(pd, float)
-        handles.append(ax.errorbar(xs, d, yerr=[d - np.asarray(lo, float), np.asarray(hi, float) - d], fmt="o",
-                                   color=colour, capsize=3, label=f"τ({k})"))
+        handles.append(ax.errorbar(xs, d, yerr=_bar_lengths(d, lo, hi), fmt="o", color=colour, capsize=3,
+                                   label=f"τ({k})"))
         if xp:
-            handles.append(ax.errorbar(xp, pd, yerr=[pd - np.asarray(plo, float), np.asarray(phi, float) - pd],
+            handles.append(ax.errorbar(xp, pd, yerr=_bar_lengths(pd, plo, phi),
                                        fmt="o", mfc="white", color=colour, capsize=2, lw=0.8,
                                        label="  given train error (partial τ)"))
         if xa:

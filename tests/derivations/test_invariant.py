@@ -3,6 +3,7 @@ metrics, every basis element's finite invariance is checked independently (exact
 group element, with SymPy's explicit matrices), the family's dimension matches an independent count, and the
 RoPE subgroup's family is strictly larger than GL(h)'s (its extra members are K-invariant, not GL-invariant)."""
 import itertools
+import os
 import random
 
 import pytest
@@ -15,6 +16,23 @@ from derivations.invariant import Ansatz, invariant_metrics
 from derivations.metric import check_metric
 from derivations.subgroup import rope_rotation
 from derivations.symmetry import evaluate, random_point
+
+@pytest.mark.skipif(os.environ.get("SYMPY_GROUND_TYPES", "auto") not in ("auto", "flint"),
+                    reason="SYMPY_GROUND_TYPES chooses other ground types")
+def test_the_exact_solves_run_in_flint():
+    """The solves' matrices over GF(p) and ℚ are FLINT matrices (DFM), not SymPy's pure-Python DDM: SymPy uses the
+    installed python-flint only in versions it has tested and falls back silently otherwise (pyproject bounds it)."""
+    from sympy import GF, QQ
+    import flint
+    from sympy.polys.matrices import DomainMatrix
+
+    from derivations.exact_eval import PRIME
+
+    for K, one in ((GF(PRIME), GF(PRIME)(1)), (QQ, QQ(1, 2))):
+        rep = DomainMatrix([[one, one], [one, one + one]], (2, 2), K).rep
+        assert type(rep).__name__ == "DFM", (f"SymPy {sp.__version__} keeps {K} matrices in {type(rep).__name__} with "
+                                      f"python-flint {flint.__version__}: install a version SymPy has tested")
+
 
 _FAM = {}
 

@@ -82,3 +82,15 @@ def test_signed_contrast_plot_shows_each_contrast_in_size_order(tmp_path):
     stars = [t for t in ax.texts if t.get_text() == "*"]
     assert len(stars) == 1 and stars[0].xy == (inv[0].get_xdata()[1], 0.3)
     assert "80 models" in ax.get_title() and "R = 0.93" in ax.get_title()
+
+
+def test_signed_contrast_plot_draws_a_point_outside_its_interval(tmp_path):
+    """A skewed bootstrap can leave Δ outside its percentile interval; the plot is still drawn (matplotlib refuses a
+    negative bar), the bar reaching from the point to the interval's far end."""
+    cell = dict(difference=0.2, ci=[-0.1, 0.1], given_train_error=dict(difference=-0.3, ci=[-0.2, 0.1]))
+    result = dict(models=80, signed_contrast={"size=0.001": {"geodesic-mix - adaptive": cell}})  # above / below
+    fig = plot_signed_contrast(tmp_path / "c.png", result)
+    assert (tmp_path / "c.png").stat().st_size > 1000
+    (point, _, (bar,)), (partial, _, (partial_bar,)) = fig.axes[0].containers
+    assert point.get_ydata()[0] == 0.2 and np.allclose(bar.get_segments()[0][:, 1], [-0.1, 0.2])
+    assert partial.get_ydata()[0] == -0.3 and np.allclose(partial_bar.get_segments()[0][:, 1], [-0.3, 0.1])

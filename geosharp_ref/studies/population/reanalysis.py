@@ -80,6 +80,9 @@ def signed_tau_difference(x1, x2, y, n_boot: int = 1000, seed: int = 0, level: f
     idx = _paired_rows(len(y), n_boot, seed)
     d = kendall_tau_b(x1[idx], y[idx]) - kendall_tau_b(x2[idx], y[idx])
     d = d[np.isfinite(d)]
+    if not len(d):  # no resample defines both τ (e.g. a constant measure or gap): the contrast is undefined
+        nan = float("nan")
+        return dict(difference=float(diff), ci=[nan, nan], mean=nan, sd=nan, p_positive=nan, n=int(len(y)))
     a = (1 - level) / 2
     lo, hi = np.quantile(d, [a, 1 - a])
     return dict(difference=float(diff), ci=[float(lo), float(hi)], mean=float(d.mean()), sd=float(d.std(ddof=1)),
@@ -88,7 +91,9 @@ def signed_tau_difference(x1, x2, y, n_boot: int = 1000, seed: int = 0, level: f
 
 def attenuated_tau(tau: float, reliability: float) -> float:
     """τ against an error-free gap carried to a gap of reliability ``reliability`` (see the module doc):
-    (2/π) arcsin(√R sin(πτ/2)). R ≤ 0 gives 0."""
+    (2/π) arcsin(√R sin(πτ/2)). R ≤ 0 gives 0; an undefined R (NaN) gives NaN, not the unattenuated τ."""
+    if not math.isfinite(reliability):
+        return float("nan")
     if reliability <= 0:
         return 0.0
     return 2 / math.pi * math.asin(math.sqrt(min(1.0, reliability)) * math.sin(math.pi * tau / 2))

@@ -43,16 +43,20 @@ from .evaluation import read_results
 from .reanalysis import (PAPER_MNLI_TAU, attenuated_tau, contrast_power, kendall_null_sd, kendall_power,
                          min_detectable_tau, partial_tau_difference, partial_tau_with_ci, read_csv_rows, reanalyse,
                          signed_tau_difference, tau_row)
-from .tweets import CURVATURE_PROTOCOL, N_MODELS, PILOT_CORNERS
+from .manifest import population_files, read_manifest
+from .tweets import ABLATION_PROTOCOL, CURVATURE_PROTOCOL, EVALUATION_PROTOCOL, N_MODELS, PILOT_CORNERS
 from .tweets_report import write_report
 
 __all__ = ["power_statement", "judge_pilot", "analyse", "holm", "judge_primary", "sensitivity_analysis",
-           "ablation_contrasts", "curvature_analysis", "PILOT_MAX_TRAIN_ERROR", "MIN_RELIABILITY"]
+           "ablation_contrasts", "curvature_analysis", "models_left_out", "PILOT_MAX_TRAIN_ERROR", "MIN_RELIABILITY",
+           "PRIMARY_FAMILY_SIZE"]
 
 PILOT_MAX_TRAIN_ERROR = 0.05
 MIN_RELIABILITY = 0.9
 #: the fewest models a sensitivity analysis is computed on (fewer give no Kendall τ worth an interval)
 MIN_SENSITIVITY_MODELS = 5
+#: the primary family's contrasts (Holm over these): geodesic-inv and geodesic-mix against adaptive at every size
+PRIMARY_FAMILY_SIZE = 2 * len(EVALUATION_PROTOCOL["sizes"])
 
 
 def _min_detectable_contrast(tau_ada: float, between: float, n: int, sims: int, seed: int, power: float = 0.8):
@@ -126,7 +130,9 @@ def judge_primary(signed_contrast: dict) -> list:
     the paper's attenuated difference, where the cell has one) and the ``verdict``: "better", "no better" (the
     paper's attenuated difference excluded, Δ not significantly > 0), "better, by less than the paper's attenuated
     difference" (both), or "undecided". A contrast whose bootstrap is undefined (too few or tied models) has
-    p-values NaN, counts as p = 1 in the others' adjustment, and is "undecided". Returns the family's cells."""
+    p-values NaN, counts as p = 1 in the others' adjustment, and is "undecided". ``difference_outside_ci`` marks a
+    Δ outside its own percentile interval (a skewed bootstrap: its p-value then comes from the other tail; the
+    report names it). Returns the family's cells."""
     family = [c for cells in signed_contrast.values() for k, c in cells.items() if "linearised" not in k]
     ps = [min(1.0, 2 * min(c["p_positive"], 1 - c["p_positive"])) if np.isfinite(c["p_positive"]) else float("nan")
           for c in family]
@@ -137,6 +143,7 @@ def judge_primary(signed_contrast: dict) -> list:
         c["geodesic_better"] = better = bool(adj < 0.05 and c["difference"] > 0)
         att = c.get("paper_attenuated_difference")
         c["excludes_paper_attenuated"] = below = bool(att is not None and c["ci"][1] < att)
+        c["difference_outside_ci"] = bool(np.isfinite(p) and not c["ci"][0] <= c["difference"] <= c["ci"][1])
         c["verdict"] = ("better, by less than the paper's attenuated difference" if better and below else
                         "better" if better else "no better" if below else "undecided")
     return family
@@ -183,8 +190,10 @@ def ablation_contrasts(out, n_boot: int = 1000, seed: int = 0) -> dict:
     size of the tagged evaluation, paired with its full measure at the **same target size** (size-matched: the
     radii differ): the signed contrast τ(full, gap) − τ(ablation, gap), τ between the two measures, the median
     of |full − ablation| / full, the ablation's partial τ given the train error and the contrast of partial τ
-    (the covariate of every measure). Reads ``correlation.csv`` / ``correlation_tau.csv`` and their ``-ablations``
-    versions; ``{}`` where the ablations are not correlated yet."""
+    (the covariate of every measure), and the population's median ‖Δθ‖/‖θ‖ of the ablation and of its full measure
+    (``relative_size``, ``relative_size_full``; None where not recorded), so the size matching can be read. Reads
+    ``correlation.csv`` / ``correlation_tau.csv`` and their ``-ablations`` versions; ``{}`` where the ablations are
+    not correlated yet."""
     out = Path(out)
     if not (out / "correlation-ablations_tau.csv").is_file():
         return {}
@@ -195,6 +204,7 @@ def ablation_contrasts(out, n_boot: int = 1000, seed: int = 0) -> dict:
     names = [r["model"] for r in main if r["model"] in by_model]
     gap, train = (np.array([float(r[k]) for r in main if r["model"] in by_model]) for k in ("gap", "train_error"))
     rho_main = {(tau_row(t), t["measure"]): t["rho"] for t in main_tau}
+    size_main = {(tau_row(t), t["measure"]): t.get("median_relative_size") for t in main_tau}
     main_rows = {r["model"]: r for r in main}
     res = {}
     for t in abl_tau:
@@ -207,12 +217,18 @@ def ablation_contrasts(out, n_boot: int = 1000, seed: int = 0) -> dict:
         with np.errstate(divide="ignore", invalid="ignore"):
             rel = np.abs(x_full - x_abl) / np.abs(x_full)
         res.setdefault(row, {})[m] = dict(
-            vs=full, contrast_full_minus_ablation=signed_tau_difference(x_full, x_abl, gap, n_boot=n_boot, seed=seed),
+            vs=full, relative_size=_float_or_none(t.get("median_relative_size")),
+            relative_size_full=_float_or_none(size_main.get((row, full))),
+            contrast_full_minus_ablation=signed_tau_difference(x_full, x_abl, gap, n_boot=n_boot, seed=seed),
             tau_between=float(kendalltau(x_full, x_abl).statistic),
             median_relative_difference=float(np.nanmedian(rel)), rho=t["rho"], rho_full=rho_main[row, full],
             partial_tau_given_train_error=partial_tau_with_ci(x_abl, gap, train, n_boot=n_boot, seed=seed),
             contrast_given_train_error=partial_tau_difference(x_full, x_abl, gap, train, n_boot=n_boot, seed=seed))
     return res
+
+
+def _float_or_none(v):
+    return float(v) if v not in (None, "") else None
 
 
 def curvature_analysis(out, n_boot: int = 1000, seed: int = 0) -> dict:
@@ -252,16 +268,25 @@ def curvature_analysis(out, n_boot: int = 1000, seed: int = 0) -> dict:
 def analyse(out, n_boot: int = 1000, seed: int = 0) -> dict:
     """The analysis of a finished population directory (see the protocol and the module doc): :func:`reanalyse`,
     the primary family judged (:func:`judge_primary`), the sensitivity analysis, the ablations, the curvature
-    measures and the protocol's checks (the number of models and the measured gap reliability)."""
+    measures, the protocol's checks (the number of models, the measured gap reliability and the models it was
+    measured on, the primary family's size), the models each evaluation left out (:func:`models_left_out`) and the
+    descriptive analyses of ``correlation.json`` (``descriptive``)."""
     res = reanalyse(out, n_boot=n_boot, seed=seed, write=False)
     judge_primary(res["signed_contrast"])  # the primary family: inv and mix against adaptive at every size
     res["sensitivity_without_train_error_above_0_05"] = sensitivity_analysis(
         out, res["paper_mnli_tau_attenuated"], n_boot=n_boot, seed=seed)
     res["ablations"] = ablation_contrasts(out, n_boot=n_boot, seed=seed)
     res["curvature_exploratory"] = curvature_analysis(out, n_boot=n_boot, seed=seed)
-    ok = res["reliability"]["pearson_full_spearman_brown"] >= MIN_RELIABILITY
+    ok = bool(res["reliability"]["pearson_full_spearman_brown"] >= MIN_RELIABILITY)
+    family = [k for cells in res["signed_contrast"].values() for k in cells if "linearised" not in k]
+    rel_models = json.loads((Path(out) / "reliability.json").read_text()).get("models")
     res["protocol_checks"] = dict(models_at_least=N_MODELS, models_ok=res["models"] >= N_MODELS,
-                                  reliability_at_least=MIN_RELIABILITY, reliability_ok=ok)
+                                  reliability_at_least=MIN_RELIABILITY, reliability_ok=ok,
+                                  primary_family_size=len(family), primary_family_expected=PRIMARY_FAMILY_SIZE,
+                                  primary_family_ok=len(family) == PRIMARY_FAMILY_SIZE,
+                                  reliability_models=rel_models, reliability_covers_models=rel_models == res["models"])
+    res["models_left_out"] = models_left_out(out)
+    res["descriptive"] = _descriptive(out)
     sens = res["sensitivity_without_train_error_above_0_05"]
     for part in (res["signed_contrast"], res["partial_tau_given_train_error"], sens.get("signed_contrast", {}),
                  sens.get("tau", {}), res["ablations"]):
@@ -271,9 +296,33 @@ def analyse(out, n_boot: int = 1000, seed: int = 0) -> dict:
     for c in res["curvature_exploratory"].values():
         c["gap_reliability_ok"] = ok
     write_json_atomic(Path(out) / "analysis.json", res)
+    write_report(out)  # before the plot: the report holds every number, the plot draws some of them
     plot_signed_contrast(Path(out) / "analysis.png", res)
-    write_report(out)
     return res
+
+
+def models_left_out(out) -> dict:
+    """The population's models (``population.json``) absent from each correlated evaluation (``correlation.csv``
+    and its ``-ablations`` / ``-curvature`` versions, where written): ``{"main" | tag: [model names]}``. A model
+    leaves an evaluation when one of its values is not finite (amendment 8); the report names it."""
+    out = Path(out)
+    names = [m["name"] for m in read_manifest(out)["models"]]
+    left = {}
+    for tag in ("", ABLATION_PROTOCOL["tag"], CURVATURE_PROTOCOL["tag"]):
+        path = out / f"{population_files(tag)['correlation']}.csv"
+        if path.is_file():
+            present = {r["model"] for r in read_csv_rows(path)}
+            left[tag or "main"] = [n for n in names if n not in present]
+    return left
+
+
+def _descriptive(out) -> dict:
+    """The protocol's descriptive analyses as ``correlate`` wrote them in ``correlation.json``: the first-order
+    against Auto-PGD (and geodesic against adaptive) agreement per size (``measure_agreement``: τ between the two
+    measures with its interval and the median ratio) and each hyper-parameter's τ against the gap and each measure
+    (``hyperparameter_tau``)."""
+    corr = json.loads((Path(out) / "correlation.json").read_text())
+    return {k: corr.get(k, {}) for k in ("measure_agreement", "hyperparameter_tau")}
 
 
 def main(argv=None) -> int:

@@ -48,6 +48,16 @@ def test_attenuated_tau():
     # by hand: sin(0.14π) = 0.42578, × √0.377 = 0.26143, arcsin = 0.26449, × 2/π = 0.16838
     assert attenuated_tau(0.28, 0.377) == pytest.approx(0.16838, abs=2e-5)
     assert attenuated_tau(-0.28, 0.5) == pytest.approx(-attenuated_tau(0.28, 0.5))
+    assert math.isnan(attenuated_tau(0.28, float("nan")))  # an undefined R is not "no attenuation"
+
+
+def test_signed_difference_of_a_constant_measure_is_undefined_not_an_error():
+    """A constant measure defines τ on no resample: the contrast's interval and p are NaN (judge_primary then says
+    "undecided") instead of an IndexError from an empty quantile."""
+    rng = np.random.default_rng(0)
+    y, x = rng.standard_normal(20), rng.standard_normal(20)
+    got = signed_tau_difference(np.full(20, 0.5), x, y, n_boot=50)
+    assert got["n"] == 20 and all(math.isnan(v) for v in (got["difference"], *got["ci"], got["p_positive"]))
 
 
 def test_partial_tau():
