@@ -85,7 +85,9 @@ gs population status --out "$DIR"
 if [ ! -f "$DIR/reliability.json" ] || [ ! -f "$DIR/calibration.json" ]; then
     gs population rebuild --out "$DIR" --workers 2 --no-progress
 fi
-OMP_NUM_THREADS=2 gs population reliability --out "$DIR" --threads 2 --no-progress
+# the reliability's summary (R, τ_half, the gaps' spread) goes to reliability.log beside reliability.json, not into
+# this log: nothing of the gaps is shown before the analysis (as run-train.sh withholds the gap range)
+OMP_NUM_THREADS=2 gs population reliability --out "$DIR" --threads 2 --no-progress >> "$DIR/reliability.log"
 OMP_NUM_THREADS=2 gs population calibrate --out "$DIR" --sizes 2e-5 2e-4 1e-3 1e-2 --models 3 --batch-size 128 \
     --probe-rho 0.03 0.3 --iters 20 --length-buckets 8 --threads 2 --no-progress --measures adaptive geodesic-inv \
     geodesic-mix geodesic-inv-first-order geodesic-mix-first-order geodesic-inv-frobenius geodesic-mix-frobenius

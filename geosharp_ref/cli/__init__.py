@@ -7,8 +7,8 @@
     geosharp symmetries MODEL_DIR [--json OUT]
     geosharp data MODEL_DIR (--text FILE --text-column C --label-column L | --images DIR) --out FILE
     geosharp diagnet [--models 50] [--seed 0] [--out DIR]
-    geosharp population train|evaluate|study|calibrate|import|reliability|status|pack|rebuild|correlate --out DIR
-        [options]
+    geosharp population train|evaluate|study|calibrate|import|reliability|status|pack|rebuild|exclude|correlate
+        --out DIR [options]
 
 Each command module (:mod:`.derive`, :mod:`.demo`, :mod:`.evaluate`, :mod:`.verify`,
 :mod:`.symmetries`, :mod:`.data`, :mod:`.diagnet`, :mod:`.population`) parses nothing and prints its

@@ -1,5 +1,5 @@
-"""``geosharp population train|evaluate|study|calibrate|import|reliability|status|pack|rebuild|correlate``: the
-population study's actions."""
+"""``geosharp population train|evaluate|study|calibrate|import|reliability|status|pack|rebuild|exclude|correlate``:
+the population study's actions."""
 from __future__ import annotations
 
 import json
@@ -10,6 +10,7 @@ from .. import distributed as gdist
 from ..studies.population.calibration import CALIBRATION, calibrate_population, calibrated_grid, read_calibration
 from ..studies.population.correlation import correlate_population, parse_where
 from ..studies.population.evaluation import evaluate_population
+from ..studies.population.exclusion import EXCLUDED, exclude_model
 from ..studies.population.importing import import_population
 from ..studies.population.manifest import MANIFEST, population_files
 from ..studies.population.options import (check_calibration, check_count, check_curvature_options, check_evaluation,
@@ -128,6 +129,10 @@ def run(args) -> int:
     elif args.action == "rebuild":
         done = rebuild_population(args.out, workers=args.workers, progress=not args.no_progress)
         print(f"rebuilt {done['rebuilt']} of the {done['packed']} packed models of {args.out}")
+    elif args.action == "exclude":
+        left = exclude_model(args.out, args.model, args.reason)
+        print(f"{args.model} is left out of every evaluation of {args.out} ({len(left)} in all; "
+              f"{Path(args.out) / EXCLUDED}); run the stopped evaluation again: it resumes without it")
     elif args.action == "status":
         status = population_status(args.out)
         print(json.dumps(status, indent=2, sort_keys=True) if args.json else format_status(status))

@@ -5,6 +5,7 @@
     geosharp population correlate --out DIR [--bootstrap 1000] [--where label_noise=0 ...]
     geosharp population reliability --out DIR [--splits 200]   (how reproducible the gaps' ranking is)
     geosharp population status    --out DIR [--json]   (progress, blind to every result value)
+    geosharp population exclude   --out DIR --model NAME --reason TEXT   (leave a model out of the evaluations)
 
     geosharp population study     --out DIR [--task TASK] [--models 32] ...   (all three, resumable)
     geosharp population import    --out DIR --models M1.pt M2.pt ... --metrics M.csv --data D.pt

@@ -16,6 +16,7 @@ from ...plots import plot_population_scatter, plot_tau_vs_rho
 from ...sharpness.measures import get_measure
 from ...stats import kendall_with_ci, paired_abs_tau_difference
 from .evaluation import evaluation_grid, read_evaluation_settings, read_results
+from .exclusion import read_excluded
 from .manifest import population_files, read_json_object, read_manifest
 from .options import check_count, check_seed
 from .reliability import RELIABILITY
@@ -145,7 +146,8 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
     ``where`` restricts the population to the models whose recorded hyper-parameters match, e.g.
     ``{"label_noise": 0}`` (outputs ``correlation-label_noise=0.*``), to see whether a correlation
     survives within a stratum or is carried by one hyper-parameter. ``color_by`` (a recorded hyper-parameter)
-    adds the scatter plot with the models coloured by it (``correlation_by-KEY.png``)."""
+    adds the scatter plot with the models coloured by it (``correlation_by-KEY.png``). A model left out of the
+    evaluations (:mod:`.exclusion`) is left out of every τ and listed under ``excluded``."""
     out = Path(out)
     stream = stream or sys.stdout
     check_count("--bootstrap", n_boot)
@@ -162,8 +164,10 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
     hparams = {m["name"]: m.get("hparams") or {} for m in manifest["models"]}
     chosen = subset_models([m["name"] for m in manifest["models"]], hparams, where)
     stem = out / (files["correlation"] + where_suffix(where))
-    names = [n for n in chosen if n in recs]
-    missing = len(chosen) - len(names)
+    left_out = read_excluded(out)  # models left out of every evaluation, each with its reason
+    excluded = [n for n in chosen if n in left_out]
+    names = [n for n in chosen if n in recs and n not in excluded]
+    missing = len(chosen) - len(excluded) - len(names)
     if len(names) < 3:
         raise ValueError(f"only {len(names)} evaluated models in {out}"
                          f"{f' matching {where}' if where else ''}; Kendall τ needs at least 3"
@@ -222,6 +226,8 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
                     cols[m], cols[ref], n_boot=n_boot, seed=seed))
     result = dict(models=len(names), missing=missing, bootstrap=n_boot, tau=table, evaluation=cfg,
                   gap=dict(min=float(gap.min()), max=float(gap.max()), mean=float(gap.mean())), where=where)
+    if excluded:
+        result["excluded"] = excluded
     if paired:
         result["paired_abs_tau_difference"] = paired
     if sizes:
@@ -273,7 +279,8 @@ def correlate_population(out, n_boot: int = 1000, seed: int = 0, plot: bool = Tr
             result["plot_rho"] = str(stem.with_name(stem.name + "_rho.png"))
     print(f"Kendall τ (sharpness vs generalization gap) over {len(names)} models"
           f"{f' with {where}' if where else ''}"
-          f"{f' ({missing} not evaluated)' if missing else ''}, 95% bootstrap CI ({n_boot} resamples)",
+          f"{f' ({missing} not evaluated)' if missing else ''}{f' ({len(excluded)} excluded)' if excluded else ''}"
+          f", 95% bootstrap CI ({n_boot} resamples)",
           file=stream)
     label = "row" if per_grid else "rho"
     width = max(8, *(len(r) for r in rows))

@@ -30,6 +30,7 @@ from ...sharpness import at_theta
 from ...sharpness.measures import MEASURES as NAMED_MEASURES
 from ...sharpness.pipeline import linearised_at
 from ...symmetry import symmetry_map as build_symmetry_map
+from .exclusion import read_excluded
 from .importing import load_imported_model
 from .manifest import population_files, read_json_object, read_manifest
 from .options import check_curvature_options, check_evaluation
@@ -37,7 +38,8 @@ from .pack import check_packed_models, is_packed, rebuild_model
 from .tasks import get_task
 
 __all__ = ["measure_grid", "evaluation_grid", "sharpness_batches", "LINEARISED", "load_population_model",
-           "evaluate_model", "evaluate_population", "read_results", "rho_key", "MEASURES", "ABLATIONS", "ALL_MEASURES", "DEFAULT_RHOS"]
+           "evaluate_model", "evaluate_population", "read_results", "NonFiniteUnitError", "rho_key", "MEASURES",
+           "ABLATIONS", "ALL_MEASURES", "DEFAULT_RHOS"]
 
 #: the paper's three measures, the default of an evaluation
 MEASURES = tuple(m.name for m in HEADLINE_MEASURES)
@@ -92,12 +94,14 @@ def settings_digest(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def read_units(out: Path, files: dict, digest: str) -> dict:
+def read_units(out: Path, files: dict, digest: str, repair: bool = True) -> dict:
     """``{(model, measure, rho_key): unit}`` of every ``results.units/rank*.jsonl`` line measured under the settings
-    ``digest`` (first wins); a line that is not a unit is refused, naming it."""
+    ``digest`` (first wins); a line that is not a unit is refused, naming it. ``repair``: truncate a torn last line
+    on disk (an evaluation starting); a reader beside a running evaluation (``population status``) passes False and
+    only skips it."""
     units = {}
     for path in sorted((out / files["units"]).glob("rank*.jsonl")):
-        for i, u in enumerate(read_jsonl(path, repair=True), start=1):
+        for i, u in enumerate(read_jsonl(path, repair=repair), start=1):
             if not (isinstance(u, dict) and all(isinstance(u.get(k), str) for k in ("model", "measure", "rho",
                                                                                      "settings"))
                     and isinstance(u.get("per_batch"), list) and "value" in u and "loss" in u):
@@ -163,8 +167,8 @@ def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, se
     ``{"value", "per_batch", "loss"[, "relative_size"]}``; they are not measured again (every unit is measured
     on its own, seeded by ``seed``, so the record equals the uninterrupted one). ``on_unit(measure, rho_key,
     unit)`` is called after each unit measured (the unit with its ``seconds``). A unit whose value, per-batch
-    value or loss is not finite is refused (ValueError, before ``on_unit``): the evaluation stops at that model,
-    not at the correlation after all of them.
+    value or loss is not finite is refused (:class:`NonFiniteUnitError`, before ``on_unit``): the evaluation
+    stops at that model, not at the correlation after all of them.
 
     The units run inside :func:`geosharp_ref.sharpness.at_theta.keeping` (nothing here changes the model between
     them), on the batches moved to the model's device once: what each unit computes at θ alone (the buckets,
@@ -175,6 +179,19 @@ def evaluate_model(model, batches, rhos, measures=MEASURES, n_iter: int = 20, se
     with at_theta.keeping(model):
         return _evaluate_units(model, batches, rhos, measures, n_iter, seed, length_buckets, done, on_unit,
                                curvature_options)
+
+
+class NonFiniteUnitError(ValueError):
+    """A unit (measure, radius) whose value, a per-batch value or the loss at θ is not finite: nothing of it is
+    written, and the evaluation stops at its model rather than after every model. The message names the model
+    (where the population evaluation adds it), the measure and the radius, and no value (a blind study reads
+    none); :mod:`~geosharp_ref.studies.population.exclusion` leaves the model out where the study decides so."""
+
+    def __init__(self, measure: str, rho_key: str, model: str | None = None, fix: str = ""):
+        self.measure, self.rho_key, self.model = measure, rho_key, model
+        where = f"{model}: " if model else ""
+        super().__init__(f"{where}{measure} at ρ = {rho_key} is not finite on this model; nothing of it was written"
+                         + (f"; {fix}" if fix else " (a rerun measures it again)"))
 
 
 def _evaluate_units(model, batches, rhos, measures, n_iter, seed, length_buckets, done, on_unit,
@@ -201,9 +218,7 @@ def _evaluate_units(model, batches, rhos, measures, n_iter, seed, length_buckets
                     if m.linearised:
                         first_order[measure] = r
                 if not all(math.isfinite(v) for v in [r.mean, *r.per_batch, *r.loss_before]):
-                    raise ValueError(f"{measure} at ρ = {rho:g} is not finite on this model ({r.mean}; loss at θ "
-                                     f"{r.loss_before}): nothing of it was written; the evaluation stops here "
-                                     f"rather than after every model (a rerun measures it again)")
+                    raise NonFiniteUnitError(measure, key)
                 unit = dict(value=r.mean, per_batch=[float(v) for v in r.per_batch],
                             loss=sum(r.loss_before) / len(r.loss_before))
                 if r.relative_size:
@@ -262,14 +277,15 @@ def read_evaluation_settings(out, tag: str = "") -> dict:
 
 
 def _finalize(out: Path, manifest, extra=(), tag: str = "") -> bool:
-    """Rank 0: canonical ``results.jsonl`` (manifest order, one line per model); parts removed."""
+    """Rank 0: canonical ``results.jsonl`` (manifest order, one line per model) once every model not excluded has
+    its record (a record of an excluded model measured before its exclusion is kept); parts removed."""
     recs, files = read_results(out, tag), population_files(tag)
     for r in extra:
         recs.setdefault(r["model"], r)
-    names = [m["name"] for m in manifest["models"]]
-    if not all(n in recs for n in names):
+    names, excluded = [m["name"] for m in manifest["models"]], read_excluded(out)
+    if not all(n in recs for n in names if n not in excluded):
         return False
-    text = "".join(json.dumps(recs[n], sort_keys=True) + "\n" for n in names)
+    text = "".join(json.dumps(recs[n], sort_keys=True) + "\n" for n in names if n in recs)
     path = out / files["results"]
     if not path.is_file() or path.read_text() != text:
         tmp = out / f".{files['results']}.tmp-{os.getpid()}"
@@ -315,7 +331,8 @@ def evaluate_population(out, rhos=DEFAULT_RHOS, measures=MEASURES, n_batches: in
     read_units(out, files, settings_digest(config))
     if world == 1:
         _check_settings(out / files["config"], config, out, files)
-    with exclusive_lock(out / f".evaluate{'-' + tag if tag else ''}.lock", enabled=(world == 1),
+    # one evaluation of a tag at a time; under torchrun rank 0 holds the lock (a rank that fails ends the others)
+    with exclusive_lock(out / f".evaluate{'-' + tag if tag else ''}.lock", enabled=(rank == 0),
                         busy=f"another `geosharp population evaluate` is running on {out}"
                              f"{f' (tag {tag!r})' if tag else ''}; wait for it to finish (its results are kept "
                              f"and this one would only repeat them), or use another --tag"):
@@ -384,8 +401,9 @@ def _evaluate_population(out, files, manifest, rank, world, grid, config, batche
         mine_path = out / files["results"]
     read_jsonl(out / files["results"], repair=(rank == 0))
     done = read_results(out, tag) if rank == 0 else None
-    done_names = gdist.broadcast_object(sorted(done) if rank == 0 else None)  # one view for every rank
-    pending = [m for m in manifest["models"] if m["name"] not in set(done_names)]
+    # one view for every rank: the models done, and those left out of the evaluations (excluded.json)
+    done_names, excluded = gdist.broadcast_object((sorted(done), sorted(read_excluded(out))) if rank == 0 else None)
+    pending = [m for m in manifest["models"] if m["name"] not in set(done_names) | set(excluded)]
     mine = gdist.shard(pending, rank, world)
     outside = [m["name"] for m in manifest["models"]
                if (m["metrics"].get("train_examples") or math.inf) < n_batches * batch_size]
@@ -416,8 +434,15 @@ def _evaluate_population(out, files, manifest, rank, world, grid, config, batche
             done[measure, key] = unit
             bar.set_postfix_str(f"{name} {len(done)}/{n_units} {measure} ρ={key}")
 
-        res = evaluate_model(model, batches, grid, measures, n_iter=n_iter, seed=seed, length_buckets=length_buckets,
-                             done=done, on_unit=finished, curvature_options=curvature_options)
+        try:
+            res = evaluate_model(model, batches, grid, measures, n_iter=n_iter, seed=seed,
+                                 length_buckets=length_buckets, done=done, on_unit=finished,
+                                 curvature_options=curvature_options)
+        except NonFiniteUnitError as exc:
+            raise NonFiniteUnitError(exc.measure, exc.rho_key, m["name"], fix=(
+                f"the study decides how it is treated; to leave it out of every evaluation, `geosharp population "
+                f"exclude --out {out} --model {m['name']} --reason TEXT`, then run this evaluation again (it "
+                f"resumes)")) from None
         rec = dict(model=m["name"], gap=m["metrics"]["gap"], **res)
         append_line(mine_path, rec)
         new.append(rec)

@@ -11,6 +11,7 @@ Layout of ``DIR``::
                                evaluation resumes inside a model; removed when the evaluation is complete
     correlation.json / .csv, correlation_tau.csv, correlation.png
     results-TAG.jsonl, evaluation-TAG.json, correlation-TAG.*   another evaluation (``--tag TAG``), e.g. ablations
+    excluded.json              models left out of every evaluation, each with its reason (:mod:`.exclusion`)
 """
 from __future__ import annotations
 

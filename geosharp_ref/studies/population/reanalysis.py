@@ -277,9 +277,12 @@ def reanalyse(out, n_boot: int = 1000, seed: int = 0, sims: int = 2000, paper: d
                 c["paper_attenuated_inside_ci"] = bool(c["ci"][0] <= att <= c["ci"][1])
                 if between is not None:
                     c["tau_between_measures"] = float(between)
-                    c["power_for_paper_attenuated"] = contrast_power(
-                        paper_att[base], paper_att[vs.replace("-linearised", "")], between, n, sims=sims,
-                        seed=seed)["power"]
+                    try:  # the three τ (each measure's attenuated τ, the τ between them) may not be jointly possible
+                        c["power_for_paper_attenuated"] = contrast_power(
+                            paper_att[base], paper_att[vs.replace("-linearised", "")], between, n, sims=sims,
+                            seed=seed)["power"]
+                    except (ValueError, np.linalg.LinAlgError):
+                        c["power_for_paper_attenuated"] = None  # no such population: no power to state
             idx = _paired_rows(n, n_boot, seed)  # the |τ| contrast of `correlate` on the same resamples
             c["abs_difference"] = float(abs(kendalltau(col[row, m], gap).statistic)
                                         - abs(kendalltau(col[row, vs], gap).statistic))

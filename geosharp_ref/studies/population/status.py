@@ -15,7 +15,8 @@ timings only, and returns no value of any result, so it can be run at every sitt
 * **each evaluation** (``evaluation.json``, ``evaluation-TAG.json``): models finished, units (measure × radius
   of one model) finished of the model(s) in progress, units left, and, from the finished units' times, the
   time left for one worker (an estimate: units of one evaluation take about the same time); whether
-  ``correlate`` has run (``correlation[-TAG].json``).
+  ``correlate`` has run (``correlation[-TAG].json``); a model left out of the evaluations (``excluded.json``,
+  :mod:`.exclusion`) is named and not counted in them.
 
 Times are wall times of one worker, as measured (a worker that shared its core ran longer). Nothing is written.
 The manifest must exist; everything else may be absent.
@@ -29,6 +30,7 @@ from pathlib import Path
 from ...io.durable import read_jsonl
 from .calibration import CALIBRATION, CALIBRATION_UNITS
 from .evaluation import evaluation_grid, read_evaluation_settings, read_results, read_units, settings_digest
+from .exclusion import read_excluded
 from .manifest import MANIFEST, population_files, read_json_object
 from .pack import is_packed
 from .reliability import PREDICTIONS, RELIABILITY
@@ -83,14 +85,15 @@ def _calibration(out: Path) -> dict:
                                             if isinstance(u.get("seconds"), (int, float))]))
 
 
-def _evaluation(out: Path, tag: str, n_models: int) -> dict:
+def _evaluation(out: Path, tag: str, names: list, excluded: set) -> dict:
     files = population_files(tag)
     cfg = read_evaluation_settings(out, tag)
     _, grid = evaluation_grid(cfg)
     per_model = sum(len(v) for v in grid.values())
-    done = set(read_results(out, tag))
-    units = read_units(out, files, settings_digest(cfg))
-    partial = sum(1 for (model, _, _) in units if model not in done)
+    n_models = sum(n not in excluded for n in names)  # an excluded model is not evaluated (exclusion.py)
+    done = set(read_results(out, tag)) - excluded
+    units = read_units(out, files, settings_digest(cfg), repair=False)  # beside a running evaluation: read only
+    partial = sum(1 for (model, _, _) in units if model not in done and model not in excluded)
     left = (n_models - len(done)) * per_model - partial
     mean = _mean([float(u["seconds"]) for u in units.values() if isinstance(u.get("seconds"), (int, float))])
     return dict(models_finished=len(done), models=n_models, units_per_model=per_model,
@@ -108,14 +111,16 @@ def population_status(out) -> dict:
     if not isinstance(manifest["models"], list) or not all(isinstance(m, dict) and isinstance(m.get("name"), str)
                                                            for m in manifest["models"]):
         raise ValueError(f"{out / MANIFEST}: 'models' must be a list of model entries with a 'name'; restore it")
-    evaluations = {}
+    evaluations, excluded = {}, set(read_excluded(out))
+    names = [m["name"] for m in manifest["models"]]
     for path in sorted(out.glob("evaluation*.json")):
         tag = path.stem[len("evaluation-"):] if path.stem.startswith("evaluation-") else ""
         if path.name == population_files(tag)["config"]:
-            evaluations[tag or "main"] = _evaluation(out, tag, len(manifest["models"]))
+            evaluations[tag or "main"] = _evaluation(out, tag, names, excluded)
     plan = manifest["plan"] if isinstance(manifest["plan"], dict) else {}
     return dict(out=str(out), task=plan.get("task"), training=_training(out, manifest),
-                reliability=_reliability(out), calibration=_calibration(out), evaluations=evaluations)
+                reliability=_reliability(out), calibration=_calibration(out), evaluations=evaluations,
+                excluded=sorted(excluded))
 
 
 def _hours(h) -> str:
@@ -140,6 +145,8 @@ def format_status(status: dict) -> str:
                                        else f"{c['probe_runs_finished']} probe runs finished" + (
                                            "" if c["mean_seconds_per_run"] is None
                                            else f" ({c['mean_seconds_per_run']:.0f} s each)")))
+    if status.get("excluded"):
+        lines.append(f"  left out of every evaluation: {', '.join(status['excluded'])} (excluded.json)")
     if not status["evaluations"]:
         lines.append("  evaluations: none started")
     for tag, e in status["evaluations"].items():

@@ -43,6 +43,7 @@ from .evaluation import read_results
 from .reanalysis import (PAPER_MNLI_TAU, attenuated_tau, contrast_power, kendall_null_sd, kendall_power,
                          min_detectable_tau, partial_tau_difference, partial_tau_with_ci, read_csv_rows, reanalyse,
                          signed_tau_difference, tau_row)
+from .exclusion import read_excluded
 from .manifest import population_files, read_manifest
 from .tweets import ABLATION_PROTOCOL, CURVATURE_PROTOCOL, EVALUATION_PROTOCOL, N_MODELS, PILOT_CORNERS
 from .tweets_report import write_report
@@ -270,7 +271,8 @@ def analyse(out, n_boot: int = 1000, seed: int = 0) -> dict:
     the primary family judged (:func:`judge_primary`), the sensitivity analysis, the ablations, the curvature
     measures, the protocol's checks (the number of models, the measured gap reliability and the models it was
     measured on, the primary family's size), the models each evaluation left out (:func:`models_left_out`) and the
-    descriptive analyses of ``correlation.json`` (``descriptive``)."""
+    reasons of those excluded (``excluded``, :mod:`.exclusion`), and the descriptive analyses of
+    ``correlation.json`` (``descriptive``)."""
     res = reanalyse(out, n_boot=n_boot, seed=seed, write=False)
     judge_primary(res["signed_contrast"])  # the primary family: inv and mix against adaptive at every size
     res["sensitivity_without_train_error_above_0_05"] = sensitivity_analysis(
@@ -285,7 +287,7 @@ def analyse(out, n_boot: int = 1000, seed: int = 0) -> dict:
                                   primary_family_size=len(family), primary_family_expected=PRIMARY_FAMILY_SIZE,
                                   primary_family_ok=len(family) == PRIMARY_FAMILY_SIZE,
                                   reliability_models=rel_models, reliability_covers_models=rel_models == res["models"])
-    res["models_left_out"] = models_left_out(out)
+    res["models_left_out"], res["excluded"] = models_left_out(out), read_excluded(out)
     res["descriptive"] = _descriptive(out)
     sens = res["sensitivity_without_train_error_above_0_05"]
     for part in (res["signed_contrast"], res["partial_tau_given_train_error"], sens.get("signed_contrast", {}),
@@ -304,7 +306,8 @@ def analyse(out, n_boot: int = 1000, seed: int = 0) -> dict:
 def models_left_out(out) -> dict:
     """The population's models (``population.json``) absent from each correlated evaluation (``correlation.csv``
     and its ``-ablations`` / ``-curvature`` versions, where written): ``{"main" | tag: [model names]}``. A model
-    leaves an evaluation when one of its values is not finite (amendment 8); the report names it."""
+    leaves an evaluation where the study excluded it (``excluded.json``, e.g. a value not finite: amendment 8) or
+    it has no record; the report names it with the reason."""
     out = Path(out)
     names = [m["name"] for m in read_manifest(out)["models"]]
     left = {}

@@ -222,9 +222,12 @@ def _checks(res: dict) -> list:
                         f": NOT MET (the protocol fixes {checks['primary_family_expected']})."))
     if checks.get("reliability_models") is not None and not checks.get("reliability_covers_models"):
         lines.append(f"- R was measured on {checks['reliability_models']} models, the analysis has {res['models']}.")
+    reasons = res.get("excluded", {})  # excluded.json: the models the study left out, each with its reason
     for tag, names in res.get("models_left_out", {}).items():
         if names:
-            lines.append(f"- Left out of the {tag} evaluation (a value not finite; amendment 8): {', '.join(names)}.")
+            lines.append(f"- Left out of the {tag} evaluation: "
+                         + ", ".join(f"{n} ({reasons[n]})" if n in reasons else f"{n} (no record)" for n in names)
+                         + ".")
     if "models_left_out" in res and not any(res["models_left_out"].values()):
         lines.append("- No model was left out of any evaluation.")
     return lines

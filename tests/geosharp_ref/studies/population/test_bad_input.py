@@ -46,8 +46,14 @@ def test_corrupt_manifest(trained, tmp_path, capsys):
     assert not (out / "results.jsonl").exists()
 
 
-def test_two_evaluations_at_once_are_refused(trained, tmp_path, capsys):
+@pytest.mark.parametrize("world", [1, 2])
+def test_two_evaluations_at_once_are_refused(trained, tmp_path, capsys, monkeypatch, world):
+    """Also under torchrun: its rank 0 holds the lock (a failing rank ends the others), so a sitting started beside
+    ranks still running is refused instead of repeating their work and finalizing under them."""
+    from geosharp_ref import distributed
+
     out = cases.copy_population(trained, tmp_path)
+    monkeypatch.setattr(distributed, "rank_world", lambda: (0, world))
     with exclusive_lock(out / ".evaluate.lock"):  # another process's evaluation holds the directory
         line = _error_line(capsys, _evaluate_argv(out))
     assert "another `geosharp population evaluate` is running" in line

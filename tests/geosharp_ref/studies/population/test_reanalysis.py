@@ -106,3 +106,23 @@ def test_committed_reanalysis_recomputed(population):
 
 def test_reanalysis_committed_for_both_minilm_populations():
     assert {p.parent.name for p in (DOCS / "minilm").glob(f"*/{REANALYSIS}")} >= {"seeds", "recipes"}
+
+
+def test_a_contrast_with_no_possible_power_population_is_reported_without_power(tmp_path):
+    """Where the measured τ between the two measures, with the paper's attenuated τ, is not jointly possible (no
+    trivariate normal has them; contrast_power refuses), the contrast keeps its value and interval and states no
+    power, instead of stopping the whole analysis."""
+    import shutil
+
+    out = tmp_path / "recipes"
+    shutil.copytree(DOCS / "minilm" / "recipes", out)
+    corr = json.loads((out / "correlation.json").read_text())
+    row = next(iter(corr["measure_agreement"]))
+    corr["measure_agreement"][row]["geodesic-mix"]["tau"] = 0.999  # against adaptive: then not jointly possible
+    (out / "correlation.json").write_text(json.dumps(corr))
+    with pytest.raises(ValueError, match="not jointly possible"):
+        contrast_power(0.38, 0.06, 0.999, 40, sims=10)  # the cell's three τ (R ≤ 1 only lowers both)
+    got = reanalyse(out, write=False, n_boot=50, sims=50)
+    cell = got["signed_contrast"][row]["geodesic-mix - adaptive"]
+    assert cell["power_for_paper_attenuated"] is None and cell["tau_between_measures"] == 0.999
+    assert math.isfinite(cell["difference"]) and all(math.isfinite(v) for v in cell["ci"])

@@ -399,7 +399,7 @@ def test_the_sharpness_script_runs_the_protocols_commands():
     parser = build_parser()
     runs, ranked = {}, set()
     for line in text.replace("\\\n", " ").splitlines():
-        m = re.search(r"^\s*(?:\S+=\S+ )*(?:gs (population .*)|ranks (.*))$", line)
+        m = re.search(r"^\s*(?:\S+=\S+ )*(?:gs (population [^>]*?)|ranks (.*))(?: >> \S+)?$", line)
         if m:
             command = m.group(1) or "population " + m.group(2)
             a = parser.parse_args(shlex.split(command.replace('"$DIR"', "/pop"), comments=True))
@@ -414,6 +414,8 @@ def test_the_sharpness_script_runs_the_protocols_commands():
     assert re.search(r'run\(\) \{\n +"\$@" &\n +stage=\$!\n +wait "\$stage"', text) and "gs() {  # geosharp" in text
     assert re.search(r'gs\(\) \{[^}]*\n +run nice -n 19', text)
     assert runs["rebuild", ""].workers == 2
+    # the reliability's summary (R, the gaps' spread) is kept out of the sitting's log (blind until the analysis)
+    assert re.search(r'\n *OMP_NUM_THREADS=2 gs population reliability [^\n]* >> "\$DIR/reliability\.log"\n', text)
     path = Path(__file__).resolve().parents[4] / "docs" / "tweets" / "run-sharpness.sh"
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
     assert list(runs) == [("status", ""), ("rebuild", ""), ("reliability", ""), ("calibrate", ""),
@@ -482,7 +484,7 @@ def test_analyse_runs_the_protocols_analysis_on_a_population(reference, tmp_path
     assert checks["primary_family_size"] == len(family) and checks["primary_family_ok"] is (len(family) == 8)
     rel_models = json.loads((out / "reliability.json").read_text())["models"]
     assert checks["reliability_models"] == rel_models and checks["reliability_covers_models"] is True
-    assert res["models_left_out"] == {"main": [], "ablations": [], "curvature": []}
+    assert res["models_left_out"] == {"main": [], "ablations": [], "curvature": []} and res["excluded"] == {}
     corr = json.loads((out / "correlation.json").read_text())
     assert res["descriptive"] == {k: corr[k] for k in ("measure_agreement", "hyperparameter_tau")}
     cells = [c for part in (res["signed_contrast"], res["ablations"]) for row in part.values() for c in row.values()]

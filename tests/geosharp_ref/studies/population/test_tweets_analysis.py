@@ -60,6 +60,7 @@ def _analysis(**over):
                                     reliability_ok=True, primary_family_size=2, primary_family_expected=8,
                                     primary_family_ok=False, reliability_models=80, reliability_covers_models=False),
                models_left_out={"main": ["model_017"], "ablations": ["model_017", "model_042"], "curvature": []},
+               excluded={"model_017": "amendment 11: not finite"},
                reliability=dict(pearson_full_spearman_brown=0.95, n_test=36173, tau_half=0.8),
                train_error=dict(min=0.0, median=0.01, max=0.04, above_0_05=0, above_0_10=0, tau_vs_gap=tau),
                signed_contrast={"size=0.001": {"geodesic-mix - adaptive": cell, "geodesic-inv - adaptive": other}},
@@ -90,8 +91,9 @@ def test_report_names_the_checks_the_left_out_models_and_the_descriptive_analyse
     lines = text.splitlines()
     assert "- Primary family (Holm): 2 contrasts: NOT MET (the protocol fixes 8)." in lines
     assert "- R was measured on 80 models, the analysis has 79." in lines
-    assert "- Left out of the main evaluation (a value not finite; amendment 8): model_017." in lines
-    assert "- Left out of the ablations evaluation (a value not finite; amendment 8): model_017, model_042." in lines
+    assert "- Left out of the main evaluation: model_017 (amendment 11: not finite)." in lines
+    assert ("- Left out of the ablations evaluation: model_017 (amendment 11: not finite), model_042 (no record)."
+            in lines)
     assert not any("curvature evaluation" in ln for ln in lines)
     # p of 0: the bootstrap's resolution 2/B, times the family's size for Holm
     assert "| size=0.001 | geodesic-mix − adaptive | +0.250 | [+0.100, +0.200] | < 0.002 | < 0.004 | +0.200 |" in text
