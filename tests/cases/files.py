@@ -137,3 +137,15 @@ def assert_refused_and_nothing_written(run, argv, root, out, needles=()):
     for needle in needles:
         assert needle in lines[0], lines[0]
     assert not out.exists() and sorted(p.relative_to(root) for p in root.rglob("*")) == before
+
+
+def cli_error_line(capsys, argv) -> str:
+    """Run ``geosharp ARGV`` in this process and return its one ``geosharp: error:`` line, asserting exit code 2 and
+    that stderr holds nothing else."""
+    from geosharp_ref.cli import main
+
+    capsys.readouterr()
+    rc = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("geosharp: error: "), (rc, err)
+    return err[0]

@@ -17,16 +17,11 @@ from geosharp_ref.io.durable import exclusive_lock
 from tests import cases
 
 
+_error_line = cases.cli_error_line  # the one `geosharp: error:` line, exit code 2
+
+
 def _evaluate_argv(out):
     return ["population", "evaluate", "--out", str(out), *cases.POPULATION_EVAL_ARGS]
-
-
-def _error_line(capsys, argv):
-    capsys.readouterr()
-    rc = main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and err[0].startswith("geosharp: error: "), (rc, err)
-    return err[0]
 
 
 def test_empty_population(tmp_path, capsys):

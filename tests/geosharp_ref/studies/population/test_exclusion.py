@@ -72,26 +72,18 @@ def test_a_model_whose_value_is_not_finite_is_named_excluded_and_the_rest_evalua
     assert status["evaluations"]["main"]["models_finished"] == cases.POPULATION_MODELS - 1
 
 
-def _one_line_error(capsys, argv):
-    capsys.readouterr()
-    rc = main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and err[0].startswith("geosharp: error: "), (rc, err)
-    return err[0]
-
-
 def test_exclude_refuses_bad_input_in_one_line_and_writes_nothing(trained, tmp_path, capsys):
     out = cases.copy_population(trained, tmp_path)
     argv = ["population", "exclude", "--out", str(out)]
-    assert "has no model 'model_999'" in _one_line_error(capsys, argv + ["--model", "model_999", "--reason", "x"])
-    assert "--reason is empty" in _one_line_error(capsys, argv + ["--model", "model_001", "--reason", "  "])
+    assert "has no model 'model_999'" in cases.cli_error_line(capsys, argv + ["--model", "model_999", "--reason", "x"])
+    assert "--reason is empty" in cases.cli_error_line(capsys, argv + ["--model", "model_001", "--reason", "  "])
     assert not (out / EXCLUDED).exists()
-    assert "does not exist" in _one_line_error(capsys, ["population", "exclude", "--out", str(tmp_path / "none"),
+    assert "does not exist" in cases.cli_error_line(capsys, ["population", "exclude", "--out", str(tmp_path / "none"),
                                                          "--model", "model_001", "--reason", "x"])
     assert exclude_model(out, "model_001", "first") == {"model_001": "first"}
     before = (out / EXCLUDED).read_text()
-    assert "already left out" in _one_line_error(capsys, argv + ["--model", "model_001", "--reason", "again"])
+    assert "already left out" in cases.cli_error_line(capsys, argv + ["--model", "model_001", "--reason", "again"])
     assert (out / EXCLUDED).read_text() == before
     (out / EXCLUDED).write_text(json.dumps({"models": ["model_001"]}))  # damaged by hand
-    assert "must map each model's name to the reason" in _one_line_error(
+    assert "must map each model's name to the reason" in cases.cli_error_line(
         capsys, ["population", "status", "--out", str(out)])
