@@ -68,6 +68,12 @@ for p in paths:
     if not p.is_file():
         p.write_text(json.dumps(now, sort_keys=True) + "\n")
 EOF
+# the machine of each sitting (not part of the snapshot record: a new machine may continue the evaluation, and its
+# CPU's vector unit can change the last bits of a value), one line per sitting in sittings.jsonl beside the population
+"$PY" -c "import datetime, json, os, platform, torch; cpu = next((l.split(':', 1)[1].strip() for l in \
+open('/proc/cpuinfo') if l.startswith('model name')), platform.processor()); print(json.dumps(dict( \
+started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'), cpu=cpu, cores=os.cpu_count(), \
+torch_cpu_capability=torch.backends.cpu.get_cpu_capability()), sort_keys=True))" >> "$DIR/sittings.jsonl"
 descendants() {  # every process under $1, deepest first
     local c
     for c in $(pgrep -P "$1" || true); do descendants "$c"; echo "$c"; done

@@ -414,6 +414,14 @@ def test_the_sharpness_script_runs_the_protocols_commands():
     assert re.search(r'run\(\) \{\n +"\$@" &\n +stage=\$!\n +wait "\$stage"', text) and "gs() {  # geosharp" in text
     assert re.search(r'gs\(\) \{[^}]*\n +run nice -n 19', text)
     assert runs["rebuild", ""].workers == 2
+    # each sitting's machine recorded beside the population (the snippet the script runs, run here)
+    import sys
+
+    code = re.search(r'"\$PY" -c "(import datetime[^"]*)" >> "\$DIR/sittings\.jsonl"', text.replace("\\\n", ""))
+    line = json.loads(subprocess.run([sys.executable, "-c", code.group(1)], capture_output=True, text=True,
+                                     check=True).stdout)
+    assert set(line) == {"started", "cpu", "cores", "torch_cpu_capability"}
+    assert line["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability() and line["cores"] >= 1
     # the reliability's summary (R, the gaps' spread) is kept out of the sitting's log (blind until the analysis)
     assert re.search(r'\n *OMP_NUM_THREADS=2 gs population reliability [^\n]* >> "\$DIR/reliability\.log"\n', text)
     path = Path(__file__).resolve().parents[4] / "docs" / "tweets" / "run-sharpness.sh"
