@@ -1,6 +1,6 @@
 #!/bin/bash
 # The tweets population's stages after training (docs/tweets/PROTOCOL.md, "Commands"), run from the snapshot
-# worktree /work/pop-eval of a commit at or after amendment 9; every stage resumes where it
+# worktree /work/pop-eval of a commit at or after amendment 11 (checked); every stage resumes where it
 # stopped, so rerun this script after an interruption. Two cores, every stage on both (amendment 9): the packed
 # models rebuilt by two one-thread processes, the reliability's test predictions and the calibration with two
 # threads, then the main evaluation, the ablations and the exploratory curvature measures (amendment 5) in that
@@ -37,7 +37,7 @@ ranks() {  # `geosharp population ...` as two torchrun ranks of one thread each 
 sys.exit(0 if m.get('complete') and n == 80 else f'{n} of 80 models trained: finish the training first')"
 # one code and one software for every sitting (amendment 8): the first sitting records the snapshot's commit and
 # the library versions in docs/tweets/eval-snapshot.json (commit it) and beside the population (packed with it);
-# a later sitting on anything else, or on a snapshot older than amendment 8, stops here
+# a later sitting on anything else, or on a snapshot older than amendment 11's code, stops here
 SNAP=/work/main/docs/tweets/eval-snapshot.json
 dirty=$(git -C /work/pop-eval status --porcelain --untracked-files=no)
 if [ -n "$dirty" ]; then

@@ -47,4 +47,3 @@ def length_buckets_option(p, default="default none"):
                    help="padded text: evaluate each batch as K groups of similar length, each cut to its longest "
                         "row (the same loss up to round-off, fewer token evaluations; refused where the model's "
                         f"real positions see the padding; {default})")
-

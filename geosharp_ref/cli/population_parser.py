@@ -40,7 +40,6 @@ def _population_training_options(p, with_split_seed):
     p.add_argument("--workers", type=int, default=2, metavar="W", help="1-thread training processes (default 2)")
 
 
-
 def _population_evaluation_options(p, study=False):
     """Evaluation options; for ``study`` they default to the task's protocol (None here)."""
     task_default = "the task's protocol, else " if study else ""
@@ -60,7 +59,6 @@ def _population_evaluation_options(p, study=False):
     p.add_argument("--iters", type=int, default=None if study else 20, metavar="K",
                    help=f"Auto-PGD iterations (default {task_default}20)")
     length_buckets_option(p, f"default {task_default}none")
-
 
 
 def add_population_parser(sub):
@@ -160,7 +158,8 @@ def add_population_parser(sub):
                                         "(excluded.json): e.g. where its sharpness is not finite and the study's "
                                         "protocol decides so; evaluate then resumes without it")
     x.add_argument("--out", required=True, metavar="DIR", help="population directory")
-    x.add_argument("--model", required=True, metavar="NAME", help="the model's name (as the evaluation's error gives it)")
+    x.add_argument("--model", required=True, metavar="NAME",
+                   help="the model's name (as the evaluation's error gives it)")
     x.add_argument("--reason", required=True, metavar="TEXT",
                    help="why it leaves (the analysis reports it), e.g. the protocol's amendment that decides it")
     c = acts.add_parser("correlate", help="Kendall τ with bootstrap CIs per measure and ρ; JSON, CSV, PNG, table")

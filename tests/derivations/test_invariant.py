@@ -17,6 +17,7 @@ from derivations.metric import check_metric
 from derivations.subgroup import rope_rotation
 from derivations.symmetry import evaluate, random_point
 
+
 @pytest.mark.skipif(os.environ.get("SYMPY_GROUND_TYPES", "auto") not in ("auto", "flint"),
                     reason="SYMPY_GROUND_TYPES chooses other ground types")
 def test_the_exact_solves_run_in_flint():

@@ -188,10 +188,13 @@ class NonFiniteUnitError(ValueError):
     none); :mod:`~geosharp_ref.studies.population.exclusion` leaves the model out where the study decides so."""
 
     def __init__(self, measure: str, rho_key: str, model: str | None = None, fix: str = ""):
-        self.measure, self.rho_key, self.model = measure, rho_key, model
+        self.measure, self.rho_key, self.model, self.fix = measure, rho_key, model, fix
         where = f"{model}: " if model else ""
         super().__init__(f"{where}{measure} at ρ = {rho_key} is not finite on this model; nothing of it was written"
                          + (f"; {fix}" if fix else " (a rerun measures it again)"))
+
+    def __reduce__(self):  # pickled (e.g. from a worker process) with its fields, not its message
+        return type(self), (self.measure, self.rho_key, self.model, self.fix)
 
 
 def _evaluate_units(model, batches, rhos, measures, n_iter, seed, length_buckets, done, on_unit,
@@ -312,7 +315,8 @@ def evaluate_population(out, rhos=DEFAULT_RHOS, measures=MEASURES, n_batches: in
     ``length_buckets`` K (stored with the settings): padded text evaluated in K groups of similar length.
     ``curvature_options`` (``{"probes", "steps", "trace_method"}``; stored with the settings where given): the
     curvature measures' matvecs, Lanczos steps and trace estimator (:func:`.options.check_curvature_options`).
-    Returns ``{model name: record}`` (on every rank, read back from disk after the merge)."""
+    Returns ``{model name: record}`` (on every rank, read back from disk after the merge), without the models left
+    out of the evaluations (:mod:`.exclusion`)."""
     out, files = Path(out), population_files(tag)
     check_evaluation(rhos, measures, n_batches, batch_size, n_iter, seed, threads, sizes,
                      known_measures=ALL_MEASURES, length_buckets=length_buckets)
@@ -328,7 +332,8 @@ def evaluate_population(out, rhos=DEFAULT_RHOS, measures=MEASURES, n_batches: in
     check_bucketable(batches, length_buckets)
     check_packed_models(out, manifest)
     read_results(out, tag)
-    read_units(out, files, settings_digest(config))
+    read_units(out, files, settings_digest(config), repair=False)  # repaired inside the lock (a run may be appending)
+    read_excluded(out)  # a damaged excluded.json is refused before evaluation.json is written
     if world == 1:
         _check_settings(out / files["config"], config, out, files)
     # one evaluation of a tag at a time; under torchrun rank 0 holds the lock (a rank that fails ends the others)
@@ -452,4 +457,4 @@ def _evaluate_population(out, files, manifest, rank, world, grid, config, batche
     if rank == 0 and _finalize(out, manifest, extra=[r for part in gathered for r in part], tag=tag):
         shutil.rmtree(out / files["units"], ignore_errors=True)  # every model's record is whole now
     gdist.barrier()
-    return read_results(out, tag)
+    return {n: r for n, r in read_results(out, tag).items() if n not in excluded}  # a kept record is not used

@@ -9,8 +9,9 @@ says how that model is treated. Leaving it out is one command, written before th
 From then on every evaluation of ``DIR`` (each ``--tag``) skips the model and is complete without it, ``correlate``
 leaves it out of every τ (``correlation.json`` lists it under ``excluded``), ``population status`` counts it, and
 the tweets analysis names it with its reason. A record measured before the exclusion stays in the results files;
-it is only not used. Nothing else changes: the trained model, its gap and the reliability of the gaps (measured on
-every model before any sharpness) stay as they are. File format::
+it is only not used (``evaluate_population`` returns none of it). Nothing else changes: the trained model, its gap,
+the reliability of the gaps (measured on every model before any sharpness) and a calibration (on the first models,
+before any evaluation) stay as they are. File format::
 
     {"models": {"model_017": "the reason"}}
 """

@@ -160,7 +160,10 @@ def _simulate(corr: np.ndarray, n: int, sims: int, seed: int) -> np.ndarray:
 
 def kendall_power(tau: float, n: int, alpha: float = 0.05, sims: int = 2000, seed: int = 0) -> float:
     """Power of the two-sided Kendall test (level ``alpha``, normal approximation under H0) to find τ ≠ 0
-    with ``n`` models when the population τ is ``tau`` (Monte-Carlo, bivariate normal)."""
+    with ``n`` models when the population τ is ``tau`` (Monte-Carlo, bivariate normal); NaN for an undefined τ
+    (e.g. attenuated by an undefined reliability)."""
+    if not math.isfinite(tau):
+        return float("nan")
     corr = np.array([[1.0, _normal_from_tau(tau)], [_normal_from_tau(tau), 1.0]])
     xy = _simulate(corr, n, sims, seed)
     t = kendall_tau_b(xy[:, :, 0], xy[:, :, 1])
@@ -325,8 +328,9 @@ def _print(out: Path, res: dict, stream) -> None:
     print(f"  80 % power needs |τ| ≥ {res['power']['min_detectable_tau_80']:.2f}", file=stream)
     for row, cells in res["signed_contrast"].items():
         for k, c in cells.items():
+            power = c.get("power_for_paper_attenuated")  # None where no population has the three τ
             extra = (f"; paper attenuated {c['paper_attenuated_difference']:+.3f}"
-                     f"{', power ' + format(c['power_for_paper_attenuated'], '.2f') if 'power_for_paper_attenuated' in c else ''}"
+                     f"{', power ' + format(power, '.2f') if power is not None else ''}"
                      if "paper_attenuated_difference" in c else "")
             print(f"  {row} τ({k}) = {c['difference']:+.3f} [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}]{extra}",
                   file=stream)

@@ -71,7 +71,7 @@ def run_study(out, task: PopulationTask | str = "vision", n_models: int = 32, se
             if fresh < len(gaps) else "")) if fresh else f"all {len(gaps)} {ptask.name} models were trained already"
     print(f"{done} (gap {min(gaps):+.3f} … {max(gaps):+.3f})", file=stream, flush=True)
     threads = torch.get_num_threads()
-    evaluated_before = len(read_results(out))
+    evaluated_before = set(read_results(out))
     measures = tuple(proto["measures"])
     try:
         if proto["sizes"]:
@@ -83,17 +83,18 @@ def run_study(out, task: PopulationTask | str = "vision", n_models: int = 32, se
             print("radii matched in ‖Δθ‖/‖θ‖ " + ", ".join(f"{s:g}" for s in proto["sizes"]) + ": " +
                   "; ".join(f"{m} {', '.join(f'{r:g}' for r in grid[m])}" for m in measures),
                   file=stream, flush=True)
-            evaluate_population(out, rhos=grid, sizes=proto["sizes"], measures=measures,
-                                n_batches=proto["batches"], batch_size=proto["batch_size"], n_iter=proto["iters"],
-                                threads=1, progress=progress, length_buckets=proto["length_buckets"])
+            recs = evaluate_population(out, rhos=grid, sizes=proto["sizes"], measures=measures,
+                                       n_batches=proto["batches"], batch_size=proto["batch_size"],
+                                       n_iter=proto["iters"], threads=1, progress=progress,
+                                       length_buckets=proto["length_buckets"])
         else:
-            evaluate_population(out, rhos=proto["rhos"], measures=measures, n_batches=proto["batches"],
-                                batch_size=proto["batch_size"], n_iter=proto["iters"], threads=1, progress=progress,
-                                length_buckets=proto["length_buckets"])
+            recs = evaluate_population(out, rhos=proto["rhos"], measures=measures, n_batches=proto["batches"],
+                                       batch_size=proto["batch_size"], n_iter=proto["iters"], threads=1,
+                                       progress=progress, length_buckets=proto["length_buckets"])
     finally:
         torch.set_num_threads(threads)
     t2 = time.perf_counter()
-    fresh = len(gaps) - evaluated_before
+    fresh = len(set(recs) - evaluated_before)  # recs: every model evaluated, none left out (exclusion.py)
     print(f"evaluated {fresh} models in {t2 - t1:.0f} s" if fresh > 0 else
-          f"all {len(gaps)} models were evaluated already", file=stream, flush=True)
+          f"all {len(recs)} models were evaluated already", file=stream, flush=True)
     return correlate_population(out, n_boot=n_boot, stream=stream)

@@ -271,7 +271,7 @@ def analyse(out, n_boot: int = 1000, seed: int = 0) -> dict:
     the primary family judged (:func:`judge_primary`), the sensitivity analysis, the ablations, the curvature
     measures, the protocol's checks (the number of models, the measured gap reliability and the models it was
     measured on, the primary family's size), the models each evaluation left out (:func:`models_left_out`) and the
-    reasons of those excluded (``excluded``, :mod:`.exclusion`), and the descriptive analyses of
+    reasons of those excluded (``exclusion_reasons``, :mod:`.exclusion`), and the descriptive analyses of
     ``correlation.json`` (``descriptive``)."""
     res = reanalyse(out, n_boot=n_boot, seed=seed, write=False)
     judge_primary(res["signed_contrast"])  # the primary family: inv and mix against adaptive at every size
@@ -287,7 +287,7 @@ def analyse(out, n_boot: int = 1000, seed: int = 0) -> dict:
                                   primary_family_size=len(family), primary_family_expected=PRIMARY_FAMILY_SIZE,
                                   primary_family_ok=len(family) == PRIMARY_FAMILY_SIZE,
                                   reliability_models=rel_models, reliability_covers_models=rel_models == res["models"])
-    res["models_left_out"], res["excluded"] = models_left_out(out), read_excluded(out)
+    res["models_left_out"], res["exclusion_reasons"] = models_left_out(out), read_excluded(out)
     res["descriptive"] = _descriptive(out)
     sens = res["sensitivity_without_train_error_above_0_05"]
     for part in (res["signed_contrast"], res["partial_tau_given_train_error"], sens.get("signed_contrast", {}),

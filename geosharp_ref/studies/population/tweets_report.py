@@ -222,7 +222,7 @@ def _checks(res: dict) -> list:
                         f": NOT MET (the protocol fixes {checks['primary_family_expected']})."))
     if checks.get("reliability_models") is not None and not checks.get("reliability_covers_models"):
         lines.append(f"- R was measured on {checks['reliability_models']} models, the analysis has {res['models']}.")
-    reasons = res.get("excluded", {})  # excluded.json: the models the study left out, each with its reason
+    reasons = res.get("exclusion_reasons", {})  # excluded.json: the models the study left out, each with its reason
     for tag, names in res.get("models_left_out", {}).items():
         if names:
             lines.append(f"- Left out of the {tag} evaluation: "

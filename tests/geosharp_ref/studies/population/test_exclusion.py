@@ -87,3 +87,7 @@ def test_exclude_refuses_bad_input_in_one_line_and_writes_nothing(trained, tmp_p
     (out / EXCLUDED).write_text(json.dumps({"models": ["model_001"]}))  # damaged by hand
     assert "must map each model's name to the reason" in cases.cli_error_line(
         capsys, ["population", "status", "--out", str(out)])
+    line = cases.cli_error_line(capsys, ["population", "evaluate", "--out", str(out), "--tag", "fresh",
+                                         *cases.POPULATION_EVAL_ARGS])
+    assert "must map each model's name to the reason" in line
+    assert not (out / "evaluation-fresh.json").exists() and not (out / "results-fresh.parts").exists()

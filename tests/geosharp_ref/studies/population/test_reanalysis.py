@@ -126,3 +126,15 @@ def test_a_contrast_with_no_possible_power_population_is_reported_without_power(
     cell = got["signed_contrast"][row]["geodesic-mix - adaptive"]
     assert cell["power_for_paper_attenuated"] is None and cell["tau_between_measures"] == 0.999
     assert math.isfinite(cell["difference"]) and all(math.isfinite(v) for v in cell["ci"])
+    import io
+
+    from geosharp_ref.studies.population import reanalysis
+
+    printed = io.StringIO()
+    reanalysis._print(out, got, printed)  # the command's summary: that cell without a power
+    line = next(ln for ln in printed.getvalue().splitlines() if f"{row} τ(geodesic-mix - adaptive)" in ln)
+    assert "paper attenuated" in line and "power" not in line
+
+
+def test_power_of_an_undefined_tau_is_undefined():
+    assert math.isnan(kendall_power(float("nan"), 80, sims=10))  # not 0: an undefined R attenuates τ to NaN

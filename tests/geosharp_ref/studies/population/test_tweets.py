@@ -492,7 +492,7 @@ def test_analyse_runs_the_protocols_analysis_on_a_population(reference, tmp_path
     assert checks["primary_family_size"] == len(family) and checks["primary_family_ok"] is (len(family) == 8)
     rel_models = json.loads((out / "reliability.json").read_text())["models"]
     assert checks["reliability_models"] == rel_models and checks["reliability_covers_models"] is True
-    assert res["models_left_out"] == {"main": [], "ablations": [], "curvature": []} and res["excluded"] == {}
+    assert res["models_left_out"] == {"main": [], "ablations": [], "curvature": []} and res["exclusion_reasons"] == {}
     corr = json.loads((out / "correlation.json").read_text())
     assert res["descriptive"] == {k: corr[k] for k in ("measure_agreement", "hyperparameter_tau")}
     cells = [c for part in (res["signed_contrast"], res["ablations"]) for row in part.values() for c in row.values()]
