@@ -44,9 +44,9 @@ if [ -n "$dirty" ]; then
     echo "run-sharpness.sh: /work/pop-eval has uncommitted changes; recreate it at its commit" >&2; exit 2
 fi
 # amendment 9's code (population rebuild, ranks that die with their launcher, gloo's 7-day timeout), amendment 10's
-# analysis and amendment 11's (population exclude, the lock under torchrun) (12a849e)
-if ! git -C /work/pop-eval merge-base --is-ancestor 12a849ef1f976f4a673de665dc958887b7169001 HEAD; then
-    echo "run-sharpness.sh: /work/pop-eval is older than amendment 11's code (12a849e); create it at a later commit" >&2
+# analysis and amendment 11's (population exclude, the lock under torchrun) (4a32978)
+if ! git -C /work/pop-eval merge-base --is-ancestor 4a329789fbaf6a4c4ccf3f84b41463da66b444b1 HEAD; then
+    echo "run-sharpness.sh: /work/pop-eval is older than amendment 11's code (4a32978); create it at a later commit" >&2
     exit 2
 fi
 now=$("$PY" -c "import json, platform, subprocess, numpy, scipy, tokenizers, torch, transformers; \
