@@ -8,6 +8,10 @@
 # process), so the primary analysis's measures are complete first.
 # usage: run-sharpness.sh   (copy it to /work/populations/tweets/; nohup ./run-sharpness.sh > sharpness.log 2>&1 &)
 set -euo pipefail
+# amendment 12: a model does not rebuild on another machine, so the stages after training wait for amendment 13's
+# per-model pipeline (each model's training, errors, predictions and measures on one machine)
+echo "run-sharpness.sh: the stages after training wait for amendment 13 (docs/tweets/PROTOCOL.md, amendment 12)" >&2
+exit 2
 cd /work/pop-eval
 export PYTHONPATH=/work/pop-eval MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 DIR=/work/populations/tweets/recipes
@@ -88,12 +92,16 @@ trap 'exit 130' INT
 gs population status --out "$DIR"
 # the packed models before the stages that load them one after another (the reliability, the calibration's three);
 # after those, each of two ranks rebuilds the models it loads
+# (one thread each, as every model was trained: OMP_NUM_THREADS=1 from the start, as in run-train.sh; amendment 12)
 if [ ! -f "$DIR/reliability.json" ] || [ ! -f "$DIR/calibration.json" ]; then
-    gs population rebuild --out "$DIR" --workers 2 --no-progress
+    OMP_NUM_THREADS=1 gs population rebuild --out "$DIR" --workers 2 --no-progress
 fi
 # the reliability's summary (R, τ_half, the gaps' spread) goes to reliability.log beside reliability.json, not into
-# this log: nothing of the gaps is shown before the analysis (as run-train.sh withholds the gap range)
-OMP_NUM_THREADS=2 gs population reliability --out "$DIR" --threads 2 --no-progress >> "$DIR/reliability.log"
+# this log: nothing of the gaps is shown before the analysis (as run-train.sh withholds the gap range); once written
+# (atomically, at its end), reliability.json is not computed again by a later sitting (amendment 12)
+if [ ! -f "$DIR/reliability.json" ]; then
+    OMP_NUM_THREADS=2 gs population reliability --out "$DIR" --threads 2 --no-progress >> "$DIR/reliability.log"
+fi
 OMP_NUM_THREADS=2 gs population calibrate --out "$DIR" --sizes 2e-5 2e-4 1e-3 1e-2 --models 3 --batch-size 128 \
     --probe-rho 0.03 0.3 --iters 20 --length-buckets 8 --threads 2 --no-progress --measures adaptive geodesic-inv \
     geodesic-mix geodesic-inv-first-order geodesic-mix-first-order geodesic-inv-frobenius geodesic-mix-frobenius

@@ -51,8 +51,11 @@ __all__ = ["EvaluationOptions", "check_rho", "prepare_inputs", "check_padding_ma
            "linearised_at", "EvaluationSpace", "binding_factors", "pair_factors", "MAX_RHO", "PAD_RUN",
            "NO_PAIRS_MESSAGE"]
 
-#: the largest radius accepted: beyond it the perturbation is larger than the weights themselves
-MAX_RHO = 10.0
+#: the largest radius accepted, a guard against a mistyped radius. What a radius means depends on the model: adaptive
+#: ρ bounds ‖δ ⊘ |θ|‖₂ over all n parameters at once, so on MiniLM-L6 (n ≈ 22.7 M) ρ = 5 moves the weights by only
+#: ‖Δθ‖/‖θ‖ ≈ 1e-2 (the relative size each record stores); a relative size of 1e-2 can need ρ near 10. (It was
+#: 10 until amendment 12 of docs/tweets/PROTOCOL.md, which found that too tight for that size.)
+MAX_RHO = 100.0
 #: trailing padding tokens in one row that mark a batch as padded text (random ids rarely end in a run)
 PAD_RUN = 3
 #: the warning of a geodesic measure on a model without attention pairs and without further symmetries
@@ -64,8 +67,9 @@ def check_rho(rho) -> float:
     if isinstance(rho, bool) or not (isinstance(rho, (int, float)) and rho > 0 and math.isfinite(rho)):
         raise ValueError(f"rho must be a positive finite number, got {rho!r}")
     if rho > MAX_RHO:
-        raise ValueError(f"rho = {rho:g} is larger than {MAX_RHO:g}: the perturbation would be larger than the "
-                         f"weights themselves (adaptive ρ is relative to |θ|); typical radii are 1e-3 to 1")
+        raise ValueError(f"rho = {rho:g} is larger than {MAX_RHO:g}, the largest radius accepted: check it for a typo "
+                         f"(radii in use run from about 1e-4 to 10; each record's relative size ‖Δθ‖/‖θ‖ tells what "
+                         f"a radius does to a model)")
     return float(rho)
 
 

@@ -179,10 +179,13 @@ class ProductSpace:
             yield self._scale2_of(self.base[n], m)
 
     def _scale2_of(self, theta, mask):
-        """c² = ((|θ| + offset) ⊙ mask)² (mask None: none)."""
+        """c² = ((|θ| + offset) ⊙ mask)² (mask None: none), a square below the dtype's smallest normal number
+        flushed to 0 (float32: |c| ≲ 1e-19): that coordinate is immovable, as c = 0 is, since its 1/c² would be inf
+        and every norm infinite (Auto-PGD then recorded 0; amendment 12 of docs/tweets/PROTOCOL.md)."""
         c = self.adaptive.scale(theta)
         c = c if mask is None else c * mask.to(c.dtype)
-        return c * c
+        c2 = c * c
+        return torch.where(c2 >= torch.finfo(c2.dtype).tiny, c2, 0.0)
 
     @staticmethod
     def _inverse(c2):

@@ -38,6 +38,7 @@ import torch
 
 from ...io.durable import append_line, exclusive_lock, read_jsonl, write_json_atomic
 from ...sharpness.measures import MEASURES as NAMED_MEASURES
+from ...sharpness.pipeline import MAX_RHO
 from ...sharpness import get_measure, rho_for_size
 from ...symmetry import symmetry_map as build_symmetry_map
 from .evaluation import (MEASURES, check_bucketable, load_population_model, rho_key, settings_digest,
@@ -84,7 +85,7 @@ def calibrated_grid(calibration: dict, measures, sizes=None) -> dict:
 
 def read_calibration(out) -> dict:
     """``calibration.json`` of the population in ``out``, checked: its settings' target sizes and a grid
-    ``{measure: [ρ per size]}`` of positive radii."""
+    ``{measure: [ρ per size]}`` of positive radii, none above :data:`~geosharp_ref.sharpness.pipeline.MAX_RHO`."""
     path = Path(out) / CALIBRATION
     fix = f"delete it and run `geosharp population calibrate --out {out} --sizes …` again"
     cal = read_json_object(path, "calibration", ("settings", "grid"), fix,
@@ -96,11 +97,12 @@ def read_calibration(out) -> dict:
                          f"{fix}")
     ok = isinstance(grid, dict) and grid and all(
         isinstance(rs, list) and len(rs) == len(sizes)
-        and all(isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r) and r > 0 for r in rs)
+        and all(isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r) and 0 < r <= MAX_RHO
+                for r in rs)
         for rs in grid.values())
     if not ok:
-        raise ValueError(f"{path}: 'grid' must map every calibrated measure to {len(sizes)} positive radii (one "
-                         f"per target size); {fix}")
+        raise ValueError(f"{path}: 'grid' must map every calibrated measure to {len(sizes)} positive radii of at "
+                         f"most {MAX_RHO:g} (one per target size); {fix}")
     return cal
 
 
@@ -172,6 +174,12 @@ def _fit(settings: dict, measured: dict, probes, sizes) -> dict:
                              f"at a loss maximum of the batch, or the probe radii are too small")
         fits[m] = dict(median_sizes=[s1, s2], slope=math.log(s2 / s1) / math.log(probes[1] / probes[0]))
         grid[m] = [float(f"{r:.4g}") for r in rho_for_size(probes, (s1, s2), sizes)]
+        beyond = [(size, r) for size, r in zip(sizes, grid[m]) if not r <= MAX_RHO]
+        if beyond:  # refused here, before calibration.json is written, not at that unit of the evaluation
+            size, r = beyond[0]
+            raise ValueError(f"{m}: the fit reaches the relative size {size:g} only at ρ = {r:g}, above the largest "
+                             f"radius an evaluation accepts ({MAX_RHO:g}); leave that size out of --sizes, or probe "
+                             f"nearer it (--probe-rho)")
     return dict(settings=settings, measured=measured, fit=fits, grid=grid)
 
 

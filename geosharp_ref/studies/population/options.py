@@ -19,6 +19,7 @@ import math
 import numbers
 
 from ...sharpness.curvature import check_trace_method
+from ...sharpness.pipeline import MAX_RHO
 
 __all__ = ["check_count", "check_seed", "check_radii", "check_sizes", "check_training", "check_evaluation",
            "check_calibration", "check_curvature_options", "CURVATURE_OPTIONS", "MIN_STUDY_MODELS"]
@@ -46,12 +47,17 @@ def _number(value) -> bool:
 
 
 def check_radii(name: str, rhos) -> None:
-    """One list of radii, or ``{measure: [radii]}``: every radius finite and > 0, none empty."""
+    """One list of radii, or ``{measure: [radii]}``: every radius finite, > 0 and at most
+    :data:`~geosharp_ref.sharpness.pipeline.MAX_RHO` (so an evaluation refuses it before its first model, not at
+    its unit), none empty."""
     lists = list(rhos.values()) if isinstance(rhos, dict) else [rhos]
     for rs in lists:
         rs = list(rs) if isinstance(rs, (list, tuple)) else [rs]
         if not rs or any(not _number(r) or not (math.isfinite(r) and r > 0) for r in rs):
             raise ValueError(f"{name}: every radius ρ must be a positive finite number, got {rhos}")
+        if any(r > MAX_RHO for r in rs):
+            raise ValueError(f"{name}: every radius ρ must be at most {MAX_RHO:g}, the largest radius an evaluation "
+                             f"accepts, got {rhos}; check it for a typo")
 
 
 def check_sizes(name: str, sizes, optional: bool = False) -> None:

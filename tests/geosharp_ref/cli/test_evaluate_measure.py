@@ -114,7 +114,7 @@ def test_target_relative_size_fits_the_radius_as_the_library(saved, tmp_path, ca
     ("geodesic-mix-exact", ["--steps", "0"], "steps"),
     ("average-adaptive", ["--samples", "1"], "--samples must be at least 2"),
     ("adaptive", ["--iters", "0"], "--iters must be at least 1"),
-    ("adaptive", ["--rho", "20"], "larger than 10"),
+    ("adaptive", ["--rho", "200"], "larger than 100"),
 ])
 def test_refusals_exit_2_before_loading(saved, tmp_path, capsys, name, extra, says):
     # the model directory does not exist: the refusal comes first, so no option is checked after loading

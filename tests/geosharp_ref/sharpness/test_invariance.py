@@ -29,7 +29,7 @@ from hypothesis import given, settings, strategies as st
 
 from geosharp_ref.sharpness import adaptive_sharpness, build_space, geodesic_sharpness, model_loss
 from geosharp_ref.sampling import well_conditioned
-from geosharp_ref.sharpness.pipeline import gradient_dual_norm
+from geosharp_ref.sharpness.pipeline import MAX_RHO, gradient_dual_norm
 from geosharp_ref.symmetry import NoAttentionPairsWarning
 from tests import cases
 
@@ -353,6 +353,11 @@ def test_bad_rho_and_empty_batches_and_metric():
             geodesic_sharpness(M.model, [batch], rho, n_iter=1)
         with pytest.raises(ValueError, match="rho must be a positive finite number"):
             adaptive_sharpness(M.model, [batch], rho, n_iter=1)
+    # the largest radius: above MAX_RHO refused as a likely typo; at it accepted (amendment 12 of
+    # docs/tweets/PROTOCOL.md raised it from 10, which a relative size of 1e-2 on MiniLM-L6 can need)
+    with pytest.raises(ValueError, match=f"rho = {MAX_RHO * 1.5:g} is larger than {MAX_RHO:g}"):
+        adaptive_sharpness(M.model, [batch], MAX_RHO * 1.5, n_iter=1)
+    assert math.isfinite(adaptive_sharpness(M.model, [batch], MAX_RHO, n_iter=1).mean)
     with pytest.raises(ValueError, match="no batches given"):
         geodesic_sharpness(M.model, [], RHO, n_iter=1)
     with pytest.raises(ValueError, match="no batches given"):

@@ -176,6 +176,25 @@ def test_exclude_and_masks():
     assert name not in sp.adaptive_names and len(sp.adaptive_names) == len(space.base) - 1
 
 
+@pytest.mark.parametrize("measure", ["adaptive", "geodesic-inv"])
+def test_a_weight_whose_square_underflows_is_as_immovable_as_a_zero_weight(measure):
+    """A weight with 0 < θ² below float32's smallest normal number (|θ| = 1e-21) used to get the metric weight
+    1/θ² = inf: every norm was infinite and Auto-PGD recorded 0 without an error. Its c² is now flushed to 0, so
+    the measure equals the one of the same model with that weight exactly 0 (frozen either way; the loss differs
+    by far less than float32 resolves)."""
+    from geosharp_ref.sharpness.measures import MEASURES
+
+    torch.manual_seed(0)
+    model = TinyAttention()
+    batch = (torch.randn(4, 5, 8), torch.randint(0, 3, (4,)))
+    values = []
+    for w in (1e-21, 0.0):
+        with torch.no_grad():
+            model.head.weight[0, 0] = w
+        assert (model.head.weight[0, 0] ** 2 < torch.finfo(torch.float32).tiny) and (w == 0 or model.head.weight[0, 0])
+        values.append(MEASURES[measure].evaluate(model, [batch], 0.05, n_iter=5).mean)
+    assert values[1] > 0 and values[0] == pytest.approx(values[1], rel=1e-5, abs=0)
+
 @pytest.mark.parametrize("fast", [True, False])
 def test_consume_releases_the_spent_vector_and_changes_no_value(fast):
     """``ascent_step(ξ, ∇, consume=True)`` and ``lincomb(terms, consume=d)`` (Auto-PGD's ownership) free the

@@ -44,6 +44,8 @@ EVALUATE_CASES = {  # option, values, what the line says
     "negative batches": ("--batches", ["-1"], "--batches (n_batches) must be a positive integer, got -1"),
     "zero batch size": ("--batch-size", ["0"], "--batch-size must be a positive integer, got 0"),
     "infinite rho": ("--rho", ["0.01", "inf"], "every radius ρ must be a positive finite number"),
+    "rho above the largest accepted (used to fail at the model's first unit)": (
+        "--rho", ["0.01", "200"], "every radius ρ must be at most 100, the largest radius an evaluation accepts"),
     "zero threads": ("--threads", ["0"], "--threads must be a positive integer, got 0"),
     "more examples than the pool": ("--batches", ["1000"], "1000 batches × 16 = 16000 needed"),
     "zero length buckets": ("--length-buckets", ["0"], "--length-buckets must be a positive integer, got 0"),
@@ -156,6 +158,10 @@ JSON_CASES = {  # file, new content, command after `population`, what the line s
         "calibration.json", lambda text: json.dumps({"settings": {"sizes": [1e-3]}, "grid": {"adaptive": [0.1, 0.2]}}),
         ["evaluate", "--calibration", "--tag", "cal", *EVAL[EVAL.index("--batches"):]],
         ["'grid' must map every calibrated measure to 1 positive radii"]),
+    "a calibration grid beyond the largest radius": (
+        "calibration.json", lambda text: json.dumps({"settings": {"sizes": [1e-3]}, "grid": {"adaptive": [200.0]}}),
+        ["evaluate", "--calibration", "--tag", "cal", *EVAL[EVAL.index("--batches"):]],
+        ["'grid' must map every calibrated measure to 1 positive radii of at most 100"]),
     "a reliability file that is a number": (
         "reliability.json", lambda text: "3", ["correlate", "--bootstrap", "20", "--no-plot"],
         ["reliability.json should hold the split-half reliability of the gaps as a JSON object, but holds a number"]),

@@ -66,3 +66,21 @@ def test_a_killed_calibration_resumes_after_its_last_finished_run(calibrated, tr
     assert not (out / CALIBRATION_UNITS).exists()
     calls.clear()
     assert _without_timing(calibrate_population(out, **CAL)) == _without_timing(reference) and not calls  # done
+
+
+def test_a_size_the_fit_reaches_only_beyond_the_largest_radius_is_refused_before_writing(calibrated, trained, tmp_path,
+                                                                                       monkeypatch):
+    """A target size whose fitted radius exceeds MAX_RHO (amendment 12: an evaluation refuses such a ρ, and used to
+    do so only at that unit of the first model) is refused by the calibration, naming the measure and the size;
+    no calibration.json is written and the probe runs stay in calibration.units.jsonl."""
+    reference = json.loads((calibrated / "calibration.json").read_text())
+    largest = max(rho for m in CAL["measures"] for rho in reference["grid"][m])
+    m, size = next((m, s) for m in CAL["measures"] for rho, s in zip(reference["grid"][m], CAL["sizes"])
+                   if rho == largest)
+    monkeypatch.setattr(calibration, "MAX_RHO", largest * 0.99)
+    out = cases.copy_population(trained, tmp_path)
+    with pytest.raises(ValueError, match=f"{m}: the fit reaches the relative size {size:g} only at ρ = {largest:g}"):
+        calibrate_population(out, **CAL)
+    assert not (out / "calibration.json").exists() and len(cases.jsonl(out / CALIBRATION_UNITS)) == RUNS
+    monkeypatch.setattr(calibration, "MAX_RHO", largest)  # at the limit itself: accepted, the reference's radii
+    assert _without_timing(calibrate_population(out, **CAL)) == _without_timing(reference)

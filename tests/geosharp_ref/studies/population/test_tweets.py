@@ -414,6 +414,11 @@ def test_the_sharpness_script_runs_the_protocols_commands():
     assert re.search(r'run\(\) \{\n +"\$@" &\n +stage=\$!\n +wait "\$stage"', text) and "gs() {  # geosharp" in text
     assert re.search(r'gs\(\) \{[^}]*\n +run nice -n 19', text)
     assert runs["rebuild", ""].workers == 2
+    # the rebuild with one OpenMP thread from the start, as run-train.sh trained every model; the reliability computed
+    # once (a later sitting finds reliability.json) (amendment 12)
+    assert re.search(r'\n +OMP_NUM_THREADS=1 gs population rebuild ', text)
+    assert re.search(r'\nif \[ ! -f "\$DIR/reliability\.json" \]; then\n +OMP_NUM_THREADS=2 gs population reliability ',
+                     text)
     # each sitting's machine recorded beside the population (the snippet the script runs, run here)
     import sys
 
