@@ -48,9 +48,10 @@ if [ -n "$dirty" ]; then
     echo "run-sharpness.sh: /work/pop-eval has uncommitted changes; recreate it at its commit" >&2; exit 2
 fi
 # amendment 9's code (population rebuild, ranks that die with their launcher, gloo's 7-day timeout), amendment 10's
-# analysis and amendment 11's (population exclude, the lock under torchrun) (4a32978)
-if ! git -C /work/pop-eval merge-base --is-ancestor 4a329789fbaf6a4c4ccf3f84b41463da66b444b1 HEAD; then
-    echo "run-sharpness.sh: /work/pop-eval is older than amendment 11's code (4a32978); create it at a later commit" >&2
+# analysis, amendment 11's (population exclude, the lock under torchrun) and amendment 12's (radii up to 100, an
+# underflowing weight immovable) (4beacbe)
+if ! git -C /work/pop-eval merge-base --is-ancestor 4beacbeb0b2503aeeb1893a348ff09b7da62a388 HEAD; then
+    echo "run-sharpness.sh: /work/pop-eval is older than amendment 12's code (4beacbe); create it at a later commit" >&2
     exit 2
 fi
 now=$("$PY" -c "import json, platform, subprocess, numpy, scipy, tokenizers, torch, transformers; \
