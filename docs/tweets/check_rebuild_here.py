@@ -11,6 +11,10 @@ metric: the study stays blind.
 
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 19 .venv/bin/python docs/tweets/check_rebuild_here.py \\
         docs/tweets/rebuild_here.json model_000 model_059
+
+The pack is the one beside this script (``GEOSHARP_PACK`` names another). After amendment 12 the pack no longer holds
+model_000 … model_058 (they are trained again); the pack these checks read is the one of commit 913486e:
+``git worktree add --detach /tmp/pack-913486e 913486e`` and ``GEOSHARP_PACK=/tmp/pack-913486e/docs/tweets/recipes``.
 """
 import json
 import os
@@ -27,7 +31,7 @@ from geosharp_ref.io.durable import write_json_atomic
 from geosharp_ref.studies.population.evaluation import load_population_model
 from reproduce_first_models import blind_check_start  # beside this script
 
-PACK = Path(__file__).resolve().parent / "recipes"
+PACK = Path(os.environ.get("GEOSHARP_PACK") or Path(__file__).resolve().parent / "recipes")
 #: the environment variables that pick torch's, MKL's and oneDNN's code paths (recorded as set, or None)
 PATH_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA",
                   "OMP_NUM_THREADS", "MKL_NUM_THREADS")
