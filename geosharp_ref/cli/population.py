@@ -125,7 +125,8 @@ def run(args) -> int:
         size = f"{summary['bytes'] / 1e6:.1f} MB" if summary["bytes"] >= 1e6 else f"{summary['bytes'] / 1e3:.0f} kB"
         print(f"packed {summary['models']} models of {args.out} into {args.to} ({summary['files']} files, "
               f"{size}; {summary['hashed']} models' weights hashed now); continue it "
-              f"elsewhere with `cp -r {args.to} DIR` (each packed model is rebuilt from its recipe when needed)")
+              f"elsewhere with `cp -r {args.to} DIR` (each packed model is rebuilt from its recipe when needed, "
+              f"and checked: bit for bit on the machine that trained it, not always on another CPU)")
     elif args.action == "rebuild":
         done = rebuild_population(args.out, workers=args.workers, progress=not args.no_progress)
         print(f"rebuilt {done['rebuilt']} of the {done['packed']} packed models of {args.out}")

@@ -19,8 +19,9 @@ Every stage resumes: model directories appear atomically, every evaluated model 
 fsync'd to results.jsonl at once; under torchrun the ranks take disjoint shards of the models.
 `population status --out DIR` says where a population stands without showing any result value.
 `population pack --out DIR --to PACK` writes it without its weights (small enough to commit); `cp -r PACK DIR`
-continues it on another machine, each packed model rebuilt from its recipe and checked by SHA-256 when needed
-(`population rebuild --out DIR`: all of them at once)."""
+continues it elsewhere, each packed model rebuilt from its recipe and checked by SHA-256 when needed
+(`population rebuild --out DIR`: all of them at once); a machine with another CPU may not reproduce the training's
+last bits, and the check then refuses the model (amendment 12 of docs/tweets/PROTOCOL.md)."""
 
 
 def _population_training_options(p, with_split_seed):

@@ -32,7 +32,8 @@ Modules: :mod:`.task` (what a task supplies), :mod:`.tasks` (the built-in tasks)
 directory layout), :mod:`.training`, :mod:`.evaluation`, :mod:`.correlation`, :mod:`.study` (all three),
 :mod:`.importing` (real populations from local paths), :mod:`.reliability` (split-half reliability of the gaps),
 :mod:`.calibration` (radii matched in relative size), :mod:`.status` (progress without result values),
-:mod:`.pack` (a population without its weights, each rebuilt from its recipe and checked when loaded),
+:mod:`.pack` (a population without its weights, each rebuilt from its recipe and checked when loaded; another CPU
+may not reproduce a training bit for bit, and the check then refuses it),
 :mod:`.options` (every option checked once, before anything is read or written).
 """
 from .correlation import correlate_population, parse_where

@@ -9,6 +9,7 @@ import torch
 
 from geosharp_ref.apgd import ModelSpace, apgd, value_and_grad
 from geosharp_ref.sharpness import Cotangents, ProductSpace, Tangent, gl_pair_factors, model_loss
+from geosharp_ref.sharpness.measures import MEASURES
 from geosharp_ref.symmetry import symmetry_map
 from tests.cases import TinyAttention
 
@@ -182,8 +183,6 @@ def test_a_weight_whose_square_underflows_is_as_immovable_as_a_zero_weight(measu
     1/θ² = inf: every norm was infinite and Auto-PGD recorded 0 without an error. Its c² is now flushed to 0, so
     the measure equals the one of the same model with that weight exactly 0 (frozen either way; the loss differs
     by far less than float32 resolves)."""
-    from geosharp_ref.sharpness.measures import MEASURES
-
     torch.manual_seed(0)
     model = TinyAttention()
     batch = (torch.randn(4, 5, 8), torch.randint(0, 3, (4,)))
@@ -194,6 +193,7 @@ def test_a_weight_whose_square_underflows_is_as_immovable_as_a_zero_weight(measu
         assert (model.head.weight[0, 0] ** 2 < torch.finfo(torch.float32).tiny) and (w == 0 or model.head.weight[0, 0])
         values.append(MEASURES[measure].evaluate(model, [batch], 0.05, n_iter=5).mean)
     assert values[1] > 0 and values[0] == pytest.approx(values[1], rel=1e-5, abs=0)
+
 
 @pytest.mark.parametrize("fast", [True, False])
 def test_consume_releases_the_spent_vector_and_changes_no_value(fast):
