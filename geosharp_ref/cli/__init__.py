@@ -68,6 +68,17 @@ def _one_line_errors(parser: argparse.ArgumentParser) -> None:
                 _one_line_errors(sub)
 
 
+def parse_command(argv) -> argparse.Namespace:
+    """``argv`` parsed as a ``geosharp`` command line (e.g. a stage of ``population pipeline``'s plan); a usage
+    error is raised as a one-line ``ValueError``."""
+    parser = build_parser()
+    _one_line_errors(parser)
+    try:
+        return parser.parse_args(list(argv))
+    except _UsageError as exc:
+        raise ValueError(one_line(exc)) from None
+
+
 def one_line(message) -> str:
     """``message`` on one line: its lines joined (a library's multi-line text must not follow our line)."""
     return " ".join(" ".join(str(message).split("\n")).split())

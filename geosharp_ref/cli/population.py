@@ -1,5 +1,5 @@
-"""``geosharp population train|evaluate|study|calibrate|import|reliability|status|pack|rebuild|exclude|correlate``:
-the population study's actions."""
+"""``geosharp population train|evaluate|study|calibrate|import|reliability|status|pack|rebuild|pipeline|exclude|
+correlate``: the population study's actions."""
 from __future__ import annotations
 
 import json
@@ -7,22 +7,24 @@ import os
 from pathlib import Path
 
 from .. import distributed as gdist
-from ..studies.population.calibration import CALIBRATION, calibrate_population, calibrated_grid, read_calibration
+from ..studies.population.calibration import CALIBRATION, calibrate_population, evaluation_radii
 from ..studies.population.correlation import correlate_population, parse_where
 from ..studies.population.evaluation import evaluate_population
 from ..studies.population.exclusion import EXCLUDED, exclude_model
 from ..studies.population.importing import import_population
-from ..studies.population.manifest import MANIFEST, population_files
+from ..studies.population.manifest import MANIFEST, population_files, read_json_object
 from ..studies.population.options import (check_calibration, check_count, check_curvature_options, check_evaluation,
                                           check_seed, check_sizes, check_training)
-from ..studies.population.pack import pack_population, rebuild_population
+from ..studies.population.pack import RETRAINED, pack_population, rebuild_population
+from ..studies.population.pipeline import run_pipeline
 from ..studies.population.reliability import gap_reliability
 from ..studies.population.status import format_status, population_status
 from ..studies.population.study import run_study
 from ..studies.population.training import train_population
+from . import parse_command
 from .common import resolve_device
 
-__all__ = ["run", "check_options", "MIN_POPULATION_MODELS"]
+__all__ = ["run", "check_options", "pipeline_stages", "MIN_POPULATION_MODELS"]
 
 #: a population ranks its models: train and import need at least two (correlate's Kendall τ needs three)
 MIN_POPULATION_MODELS = 2
@@ -55,13 +57,62 @@ def check_options(args) -> None:
                          f"`geosharp evaluate MODEL_DIR --data FILE`")
     if a in ("reliability", "calibrate"):
         check_count("--threads", args.threads)
-    if a == "rebuild":
+    if a in ("rebuild", "pipeline"):
         check_count("--workers", args.workers)
     if a == "reliability":
         check_count("--splits", args.splits)
         check_seed("--seed", args.seed)
     if a in ("study", "correlate"):
         check_count("--bootstrap", args.bootstrap)
+
+
+def pipeline_stages(out, plan_file) -> dict:
+    """The keyword arguments of :func:`~geosharp_ref.studies.population.pipeline.run_pipeline` (``calibrate``,
+    ``evaluations``, ``reliability``) from a plan file: a JSON object whose ``calibrate``, ``reliability`` (lists
+    of options) and ``evaluate`` (a list of them, one per evaluation) are parsed as the options of ``geosharp
+    population calibrate|evaluate|reliability --out OUT`` and checked (:func:`check_options`); a stage left out
+    is not run."""
+    plan = read_json_object(plan_file, "pipeline plan", fix="give a JSON object like docs/tweets/pipeline.json")
+    unknown = sorted(set(plan) - {"calibrate", "evaluate", "reliability", "comment"})
+    if unknown:
+        raise ValueError(f"{plan_file}: unknown stages {unknown}; a plan has 'calibrate', 'evaluate' and "
+                         f"'reliability'")
+
+    def parse(action, argv, where):
+        if not (isinstance(argv, list) and all(isinstance(a, str) for a in argv)):
+            raise ValueError(f"{plan_file}: {where} must be a list of option strings, like a command line's")
+        if any(a in ("--out", "--device", "--no-progress") or a.startswith("--out=") for a in argv):
+            raise ValueError(f"{plan_file}: {where} gives --out, --device or --no-progress; the pipeline sets them "
+                             f"(its own --out, the CPU, its own --no-progress): remove it")
+        try:
+            args = parse_command(["population", action, "--out", str(out), *argv])
+            check_options(args)
+        except ValueError as exc:
+            raise ValueError(f"{plan_file}: {where}: {exc}") from None
+        return args
+
+    stages = dict(calibrate=None, evaluations=[], reliability=None)
+    if "calibrate" in plan:
+        a = parse("calibrate", plan["calibrate"], "'calibrate'")
+        stages["calibrate"] = dict(sizes=a.sizes, measures=a.measures, models=a.models, batch_size=a.batch_size,
+                                   probe_rhos=a.probe_rho, n_iter=a.iters, threads=a.threads,
+                                   length_buckets=a.length_buckets)
+    evaluate = plan.get("evaluate", [])
+    if not isinstance(evaluate, list):
+        raise ValueError(f"{plan_file}: 'evaluate' must be a list of evaluations, each a list of option strings")
+    for i, argv in enumerate(evaluate):
+        a = parse("evaluate", argv, f"'evaluate'[{i}]")
+        if a.threads != 1:
+            raise ValueError(f"{plan_file}: 'evaluate'[{i}] gives --threads {a.threads}; the pipeline's processes "
+                             f"run one thread each (use --workers): remove it")
+        stages["evaluations"].append(dict(rhos=a.rho, calibration=a.calibration, sizes=a.sizes, measures=a.measures,
+                                          n_batches=a.batches, batch_size=a.batch_size, n_iter=a.iters, seed=a.seed,
+                                          tag=a.tag, length_buckets=a.length_buckets,
+                                          curvature_options=_curvature_options(a)))
+    if "reliability" in plan:
+        a = parse("reliability", plan["reliability"], "'reliability'")
+        stages["reliability"] = dict(splits=a.splits, seed=a.seed)
+    return stages
 
 
 def _curvature_options(args) -> dict:
@@ -78,13 +129,7 @@ def run(args) -> int:
         gaps = [m["metrics"]["gap"] for m in man["models"]]
         print(f"{len(gaps)} models in {args.out}; gap min {min(gaps):.3f} max {max(gaps):.3f}")
     elif args.action == "evaluate":
-        rhos, sizes = args.rho, None
-        if args.sizes and not args.calibration:
-            raise ValueError("--sizes picks columns of the calibrated grid; add --calibration (or use --rho)")
-        if args.calibration:
-            cal = read_calibration(args.out)
-            rhos = calibrated_grid(cal, args.measures, sizes=args.sizes)
-            sizes = args.sizes or cal["settings"]["sizes"]
+        rhos, sizes = evaluation_radii(args.out, args.measures, args.rho, args.calibration, args.sizes)
         # --device, or by default CUDA when available; under torchrun (WORLD_SIZE > 1) without --device each
         # rank takes its own GPU (cuda:LOCAL_RANK with NCCL, else the CPU)
         torchrun = int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -127,6 +172,11 @@ def run(args) -> int:
               f"{size}; {summary['hashed']} models' weights hashed now); continue it "
               f"elsewhere with `cp -r {args.to} DIR` (each packed model is rebuilt from its recipe when needed, "
               f"and checked: bit for bit on the machine that trained it, not always on another CPU)")
+    elif args.action == "pipeline":
+        stages = pipeline_stages(args.out, args.plan)
+        done = run_pipeline(args.out, workers=args.workers, progress=not args.no_progress, **stages)
+        print(f"{done['models']} models of {args.out} complete ({done['retrained']} retrained on a machine that did "
+              f"not rebuild them: {Path(args.out) / RETRAINED})")
     elif args.action == "rebuild":
         done = rebuild_population(args.out, workers=args.workers, progress=not args.no_progress)
         print(f"rebuilt {done['rebuilt']} of the {done['packed']} packed models of {args.out}")

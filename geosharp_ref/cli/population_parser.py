@@ -155,6 +155,16 @@ def add_population_parser(sub):
     b.add_argument("--out", required=True, metavar="DIR", help="population directory")
     b.add_argument("--workers", type=int, default=2, metavar="N", help="one-thread processes rebuilding (default 2)")
     b.add_argument("--no-progress", action="store_true", help="no progress bars")
+    pl = acts.add_parser("pipeline", help="every stage after training, per model on one machine: its weights "
+                                          "(retrained where they do not rebuild), test predictions and every "
+                                          "evaluation of --plan, then the results and the reliability (resumable)")
+    pl.add_argument("--out", required=True, metavar="DIR", help="population directory (completely trained)")
+    pl.add_argument("--plan", required=True, metavar="FILE",
+                    help='JSON object with each stage\'s options as argv: {"calibrate": [...], "evaluate": [[...], '
+                         '...], "reliability": [...]} (e.g. docs/tweets/pipeline.json)')
+    pl.add_argument("--workers", type=int, default=2, metavar="N",
+                    help="one-thread processes, a whole model each (default 2)")
+    pl.add_argument("--no-progress", action="store_true", help="no progress bars")
     x = acts.add_parser("exclude", help="leave a model out of every evaluation of the population, with the reason "
                                         "(excluded.json): e.g. where its sharpness is not finite and the study's "
                                         "protocol decides so; evaluate then resumes without it")

@@ -47,8 +47,8 @@ from .manifest import read_json_object, read_manifest
 from .pack import check_packed_models
 from .options import check_calibration
 
-__all__ = ["calibrate_population", "read_calibration", "read_probe_units", "calibrated_grid", "radius_source",
-           "CALIBRATION", "CALIBRATION_UNITS"]
+__all__ = ["calibrate_population", "evaluation_radii", "read_calibration", "read_probe_units", "calibrated_grid",
+           "radius_source", "CALIBRATION", "CALIBRATION_UNITS"]
 
 CALIBRATION = "calibration.json"
 #: the finished probe runs of a calibration in progress (removed once calibration.json is written)
@@ -83,6 +83,18 @@ def calibrated_grid(calibration: dict, measures, sizes=None) -> dict:
     return {m: [float(grid[radius_source(m, grid)][i]) for i in columns] for m in measures}
 
 
+def evaluation_radii(out, measures, rhos=None, calibration: bool = False, sizes=None) -> tuple:
+    """``(rhos, sizes)`` an evaluation runs at (``geosharp population evaluate``): ``rhos`` as given, or with
+    ``calibration`` the calibrated grid of ``measures`` (:func:`calibrated_grid`, only the columns of ``sizes`` where
+    given) and the target sizes of its columns."""
+    if sizes and not calibration:
+        raise ValueError("--sizes picks columns of the calibrated grid; add --calibration (or use --rho)")
+    if not calibration:
+        return rhos, None
+    cal = read_calibration(out)
+    return calibrated_grid(cal, measures, sizes=sizes), sizes or cal["settings"]["sizes"]
+
+
 def read_calibration(out) -> dict:
     """``calibration.json`` of the population in ``out``, checked: its settings' target sizes and a grid
     ``{measure: [ρ per size]}`` of positive radii, none above :data:`~geosharp_ref.sharpness.pipeline.MAX_RHO`."""
@@ -108,9 +120,10 @@ def read_calibration(out) -> dict:
 
 def calibrate_population(out, sizes, measures=MEASURES, models: int = 3, batch_size: int = 32,
                          probe_rhos=(0.01, 0.03), n_iter: int = 10, seed: int = 0, threads: int | None = 1,
-                         progress: bool = True, length_buckets: int | None = None) -> dict:
+                         progress: bool = True, length_buckets: int | None = None, stamps: dict | None = None) -> dict:
     """Fit ρ ↦ ‖Δθ‖/‖θ‖ per measure on a few models and write ``calibration.json`` (see the module doc).
     ``length_buckets`` K (recorded in the settings): padded text evaluated in K groups of similar length.
+    ``stamps`` (``{model name: fields}``, the per-model pipeline's weights digests): added to each probe run's line.
 
     Returns the calibration. An existing calibration with the same settings is returned unchanged; one
     with other settings is refused (it fixes the protocol of evaluations already run)."""
@@ -144,7 +157,7 @@ def calibrate_population(out, sizes, measures=MEASURES, models: int = 3, batch_s
             return done
         entries = manifest["models"][:models]
         measured, seconds = _probe_sizes(out, entries, batch, settings, measures, probes, n_iter, seed, threads,
-                                         progress, length_buckets)
+                                         progress, length_buckets, stamps or {})
         calibration = _fit(settings, measured, probes, sizes)
         calibration.update(models_used=[e["name"] for e in entries], seconds=round(seconds, 1))
         write_json_atomic(path, calibration)
@@ -204,7 +217,7 @@ def read_probe_units(out, digest: str, repair: bool = False) -> dict:
 
 
 def _probe_sizes(out: Path, entries, batch, settings, measures, probes, n_iter, seed, threads, progress,
-                 length_buckets) -> tuple[dict, float]:
+                 length_buckets, stamps: dict) -> tuple[dict, float]:
     """``({measure: {rho_key: [relative size per model]}}, seconds)``: every probe run of the calibration (the
     manifest ``entries`` on ``batch``), each appended to ``calibration.units.jsonl`` as it finishes, so a killed
     calibration resumes after its last finished run (runs of other settings are not reused)."""
@@ -234,7 +247,8 @@ def _probe_sizes(out: Path, entries, batch, settings, measures, probes, n_iter, 
                                         **({} if meas.metric is None else {"symmetry_map": smap}))
                     done[key] = (float(res.relative_size[0]), time.perf_counter() - t0)
                     append_line(out / CALIBRATION_UNITS, dict(model=key[0], measure=m, rho=key[2], settings=digest,
-                                                              relative_size=done[key][0], seconds=done[key][1]))
+                                                              relative_size=done[key][0], seconds=done[key][1],
+                                                              **stamps.get(key[0], {})))
                 measured[m][rho_key(r)].append(done[key][0])
                 seconds += done[key][1]
                 bar.update(1)

@@ -38,7 +38,8 @@ from .pack import check_packed_models, is_packed, rebuild_model
 from .tasks import get_task
 
 __all__ = ["measure_grid", "evaluation_grid", "sharpness_batches", "LINEARISED", "load_population_model",
-           "evaluate_model", "evaluate_population", "read_results", "NonFiniteUnitError", "rho_key", "MEASURES",
+           "evaluate_model", "evaluate_population", "plan_evaluation", "evaluate_entry", "check_settings_file",
+           "finalize_results", "read_results", "NonFiniteUnitError", "rho_key", "MEASURES",
            "ABLATIONS", "ALL_MEASURES", "DEFAULT_RHOS"]
 
 #: the paper's three measures, the default of an evaluation
@@ -279,7 +280,7 @@ def read_evaluation_settings(out, tag: str = "") -> dict:
     return cfg
 
 
-def _finalize(out: Path, manifest, extra=(), tag: str = "") -> bool:
+def finalize_results(out: Path, manifest, extra=(), tag: str = "") -> bool:
     """Rank 0: canonical ``results.jsonl`` (manifest order, one line per model) once every model not excluded has
     its record (a record of an excluded model measured before its exclusion is kept); parts removed."""
     recs, files = read_results(out, tag), population_files(tag)
@@ -318,24 +319,14 @@ def evaluate_population(out, rhos=DEFAULT_RHOS, measures=MEASURES, n_batches: in
     Returns ``{model name: record}`` (on every rank, read back from disk after the merge), without the models left
     out of the evaluations (:mod:`.exclusion`)."""
     out, files = Path(out), population_files(tag)
-    check_evaluation(rhos, measures, n_batches, batch_size, n_iter, seed, threads, sizes,
-                     known_measures=ALL_MEASURES, length_buckets=length_buckets)
-    curvature_options = check_curvature_options(measures, curvature_options)
-    manifest = read_manifest(out)
     rank, world = gdist.rank_world()
-    measures = tuple(measures)
-    grid, config = _settings(rhos, measures, n_batches, batch_size, n_iter, seed, sizes, length_buckets)
-    if curvature_options:  # only where given: an evaluation with the defaults keeps its settings (and digest)
-        config["curvature"] = dict(curvature_options)
     # everything is read and checked before anything is written: the batches, the results so far, the settings
-    batches = sharpness_batches(manifest, n_batches, batch_size, out)
-    check_bucketable(batches, length_buckets)
-    check_packed_models(out, manifest)
-    read_results(out, tag)
-    read_units(out, files, settings_digest(config), repair=False)  # repaired inside the lock (a run may be appending)
-    read_excluded(out)  # a damaged excluded.json is refused before evaluation.json is written
+    plan, batches = plan_evaluation(out, None, rhos, measures, n_batches, batch_size, n_iter, seed, threads, tag,
+                                    sizes, length_buckets, curvature_options)
+    measures, grid, config, curvature_options = plan["measures"], plan["grid"], plan["config"], plan["curvature"]
+    manifest = read_manifest(out)
     if world == 1:
-        _check_settings(out / files["config"], config, out, files)
+        check_settings_file(out / files["config"], config, out, files)
     # one evaluation of a tag at a time; under torchrun rank 0 holds the lock (a rank that fails ends the others)
     with exclusive_lock(out / f".evaluate{'-' + tag if tag else ''}.lock", enabled=(rank == 0),
                         busy=f"another `geosharp population evaluate` is running on {out}"
@@ -344,6 +335,58 @@ def evaluate_population(out, rhos=DEFAULT_RHOS, measures=MEASURES, n_batches: in
         return _evaluate_population(out, files, manifest, rank, world, grid, config, batches, measures, n_batches,
                                     batch_size, n_iter, seed, threads, progress, device, tag, length_buckets,
                                     curvature_options)
+
+
+def plan_evaluation(out, manifest, rhos=DEFAULT_RHOS, measures=MEASURES, n_batches: int = 4, batch_size: int = 32,
+                    n_iter: int = 20, seed: int = 0, threads: int | None = 1, tag: str = "", sizes=None,
+                    length_buckets: int | None = None, curvature_options: dict | None = None) -> tuple[dict, list]:
+    """``(plan, batches)`` of one evaluation of the population in ``out`` (the options of
+    :func:`evaluate_population`, checked, and nothing written): ``plan`` holds ``measures``, ``grid`` (radii per
+    measure), ``config`` (the settings ``evaluation.json`` records), ``curvature`` (the curvature options, None for
+    the defaults), ``iters``, ``seed``, ``length_buckets``, ``tag``; ``batches`` the fixed sharpness batches. The
+    options are checked first, then the ``manifest`` (read here where None), its packed models' sums, the results
+    and units so far and ``excluded.json``."""
+    check_evaluation(rhos, measures, n_batches, batch_size, n_iter, seed, threads, sizes,
+                     known_measures=ALL_MEASURES, length_buckets=length_buckets)
+    curvature_options = check_curvature_options(measures, curvature_options)
+    manifest = read_manifest(out) if manifest is None else manifest
+    measures = tuple(measures)
+    grid, config = _settings(rhos, measures, n_batches, batch_size, n_iter, seed, sizes, length_buckets)
+    if curvature_options:  # only where given: an evaluation with the defaults keeps its settings (and digest)
+        config["curvature"] = dict(curvature_options)
+    batches = sharpness_batches(manifest, n_batches, batch_size, out)
+    check_bucketable(batches, length_buckets)
+    check_packed_models(out, manifest)
+    files = population_files(tag)
+    read_results(out, tag)
+    read_units(out, files, settings_digest(config), repair=False)  # repaired inside the lock (a run may be appending)
+    read_excluded(out)  # a damaged excluded.json is refused before evaluation.json is written
+    plan = dict(measures=measures, grid=grid, config=config, curvature=curvature_options or None, iters=n_iter,
+                seed=seed, length_buckets=length_buckets, tag=tag)
+    return plan, batches
+
+
+def evaluate_entry(out, entry: dict, batches, plan: dict, gap: float, device=None, done: dict | None = None,
+                   on_unit=None, progress: bool = True) -> dict:
+    """The result record of one manifest ``entry`` under an evaluation ``plan`` (:func:`plan_evaluation`):
+    ``{"model", "gap", **evaluate_model(...)}``, the model loaded (:func:`load_population_model`) onto ``device``
+    and checked to fit the sharpness inputs; ``done`` and ``on_unit`` as for :func:`evaluate_model`. A unit that is
+    not finite stops here, naming the model (:class:`NonFiniteUnitError`)."""
+    model = load_population_model(out, entry, progress)
+    if device is not None:
+        model = model.to(device)
+    for inputs, _ in batches[:1]:  # an imported model and the data file must fit (token ids, lengths)
+        check_inputs_fit(model, inputs, f"the sharpness examples of {out} for {entry['name']}")
+    try:
+        res = evaluate_model(model, batches, plan["grid"], plan["measures"], n_iter=plan["iters"], seed=plan["seed"],
+                             length_buckets=plan["length_buckets"], done=done, on_unit=on_unit,
+                             curvature_options=plan["curvature"])
+    except NonFiniteUnitError as exc:
+        raise NonFiniteUnitError(exc.measure, exc.rho_key, entry["name"], fix=(
+            f"the study decides how it is treated; to leave it out of every evaluation, `geosharp population "
+            f"exclude --out {out} --model {entry['name']} --reason TEXT`, then run this evaluation again (it "
+            f"resumes)")) from None
+    return dict(model=entry["name"], gap=gap, **res)
 
 
 def _settings(rhos, measures, n_batches, batch_size, n_iter, seed, sizes, length_buckets=None) -> tuple:
@@ -365,7 +408,7 @@ def _settings(rhos, measures, n_batches, batch_size, n_iter, seed, sizes, length
     return grid, config
 
 
-def _check_settings(cpath: Path, config: dict, out: Path, files: dict) -> None:
+def check_settings_file(cpath: Path, config: dict, out: Path, files: dict) -> None:
     """Refuse to resume an evaluation whose ``evaluation.json`` holds other settings."""
     if not cpath.is_file():
         return
@@ -389,7 +432,7 @@ def _evaluate_population(out, files, manifest, rank, world, grid, config, batche
     error = None
     if rank == 0:
         try:
-            _check_settings(cpath, config, out, files)
+            check_settings_file(cpath, config, out, files)
         except ValueError as exc:
             error = str(exc)
         if error is None and not cpath.is_file():
@@ -426,10 +469,9 @@ def _evaluate_population(out, files, manifest, rank, world, grid, config, batche
     new = []
     bar = tqdm(mine, desc=f"evaluate (rank {rank}/{world})" if world > 1 else "evaluate population",
                unit="model", disable=not progress, position=rank if world > 1 else None)
+    plan = dict(measures=measures, grid=grid, iters=n_iter, seed=seed, length_buckets=length_buckets,
+                curvature=curvature_options)
     for m in bar:
-        model = load_population_model(out, m, progress).to(device)
-        for inputs, _ in batches[:1]:  # an imported model and the data file must fit (token ids, lengths)
-            check_inputs_fit(model, inputs, f"the sharpness examples of {out} for {m['name']}")
         t0 = time.perf_counter()
         done = {(ms, r): u for (name, ms, r), u in done_units.items() if name == m["name"]}
 
@@ -439,22 +481,13 @@ def _evaluate_population(out, files, manifest, rank, world, grid, config, batche
             done[measure, key] = unit
             bar.set_postfix_str(f"{name} {len(done)}/{n_units} {measure} ρ={key}")
 
-        try:
-            res = evaluate_model(model, batches, grid, measures, n_iter=n_iter, seed=seed,
-                                 length_buckets=length_buckets, done=done, on_unit=finished,
-                                 curvature_options=curvature_options)
-        except NonFiniteUnitError as exc:
-            raise NonFiniteUnitError(exc.measure, exc.rho_key, m["name"], fix=(
-                f"the study decides how it is treated; to leave it out of every evaluation, `geosharp population "
-                f"exclude --out {out} --model {m['name']} --reason TEXT`, then run this evaluation again (it "
-                f"resumes)")) from None
-        rec = dict(model=m["name"], gap=m["metrics"]["gap"], **res)
+        rec = evaluate_entry(out, m, batches, plan, m["metrics"]["gap"], device, done, finished, progress)
         append_line(mine_path, rec)
         new.append(rec)
         bar.set_postfix_str(f"{m['name']} {time.perf_counter() - t0:.1f}s")
     bar.close()
     gathered = gdist.gather_objects(new)  # rank 0: every rank's new records (no shared disk needed)
-    if rank == 0 and _finalize(out, manifest, extra=[r for part in gathered for r in part], tag=tag):
+    if rank == 0 and finalize_results(out, manifest, extra=[r for part in gathered for r in part], tag=tag):
         shutil.rmtree(out / files["units"], ignore_errors=True)  # every model's record is whole now
     gdist.barrier()
     return {n: r for n, r in read_results(out, tag).items() if n not in excluded}  # a kept record is not used

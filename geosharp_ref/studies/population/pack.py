@@ -33,28 +33,35 @@ import concurrent.futures as cf
 import itertools
 import multiprocessing as mp
 import os
+import platform
 import re
 import shutil
 import signal
 import sys
+import time
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import torch
 
 from ...distributed import die_with_parent
-from ...io.durable import exclusive_lock, file_digest, fsync_dir, fsync_tree
+from ...io.durable import append_line, exclusive_lock, file_digest, fsync_dir, fsync_tree
 from ...io.models import quiet_transformers
 from .manifest import MANIFEST, read_json_object, read_manifest
 from .tasks import get_task
 from .text import TOKENIZED
-from .training import train_one
+from .training import fit_one, measure_one, write_record
 
-__all__ = ["SUMS", "RECORD", "read_sums", "model_sums", "is_packed", "check_packed_models", "pack_population",
-           "rebuild_model", "rebuild_population"]
+__all__ = ["SUMS", "RECORD", "WEIGHTS", "RETRAINED", "read_sums", "model_sums", "is_packed", "check_packed_models",
+           "pack_population", "rebuild_model", "rebuild_population", "weights_digest", "ensure_weights", "cpu_name",
+           "run_in_workers"]
 
 SUMS = "SHA256SUMS"
 RECORD = "geosharp_model.json"
+#: a model directory's weights (``save_pretrained``'s safetensors file)
+WEIGHTS = "model.safetensors"
+#: one line per model retrained by :func:`ensure_weights` (its old and new weights' digests, the CPU)
+RETRAINED = "retrained.jsonl"
 _LINE = re.compile(r"^([0-9a-f]{64})  ([^/\\]+)$")
 
 
@@ -188,42 +195,162 @@ def rebuild_model(out, entry: dict, progress: bool = True) -> bool:
     with exclusive_lock(out / "models" / f".rebuild-{entry['name']}.lock", wait=True):
         if not is_packed(model_dir):
             return False  # rebuilt by another process meanwhile
-        sums = read_sums(model_dir)
-        plan = read_json_object(out / MANIFEST, "population manifest", keys=("plan",))["plan"]
-        record = read_json_object(model_dir / RECORD, "model's training record", keys=("hparams",),
-                                  fix="restore it from the pack it came from")
-        if progress:
-            print(f"rebuilding the packed {entry['name']} of {out} from its recipe (as long as its training took)",
-                  file=sys.stderr, flush=True)
-        task = get_task(plan["task"])
-        task.prepare(out, plan["data"])
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # as every population model was trained
+        refit = _refit(out, entry, progress)
         try:
-            model, _ = train_one(record["hparams"], task.load_split(plan["data"], out), task, plan["arch"],
-                                 measure=False)
-        finally:
-            torch.set_num_threads(threads)
-        tmp = out / "models" / f".tmp-rebuild-{entry['name']}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            with quiet_transformers():
-                model.save_pretrained(tmp)
-            task.save_extras(tmp, out)
-            got = model_sums(tmp)
-            if got != sums:
-                differ = sorted(n for n in set(got) | set(sums) if got.get(n) != sums.get(n))
+            if refit.got != refit.sums:
+                differ = sorted(n for n in set(refit.got) | set(refit.sums) if refit.got.get(n) != refit.sums.get(n))
                 raise ValueError(f"{entry['name']}: the rebuilt model differs from its recorded SHA-256 in {differ}: "
                                  f"this code or these library versions do not reproduce its training; rebuild it "
                                  f"with the commit and environment that trained the population, or restore its "
                                  f"original directory")
-            fsync_tree(tmp)
-            for n in sorted(sums, key=lambda n: (tmp / n).stat().st_size):  # the weights last
-                os.replace(tmp / n, model_dir / n)
-            fsync_dir(model_dir)
+            _install(refit.tmp, model_dir, refit.sums)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(refit.tmp, ignore_errors=True)
     return True
+
+
+class _Refit:
+    """A packed model trained again from its recipe (:func:`_refit`): its files written to ``tmp`` (not its
+    record), their SHA-256 ``got``, the recorded ``sums``, and what :func:`ensure_weights` needs to measure it."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def _refit(out: Path, entry: dict, progress: bool) -> _Refit:
+    """Train a packed model again from its record's recipe with one thread (:func:`~.training.fit_one`, no error
+    pass) and write its files (not its record) to ``models/.tmp-rebuild-NAME-PID``; the caller holds its lock."""
+    model_dir = out / entry["dir"]
+    sums = read_sums(model_dir)
+    plan = read_json_object(out / MANIFEST, "population manifest", keys=("plan",))["plan"]
+    record = read_json_object(model_dir / RECORD, "model's training record", keys=("hparams",),
+                              fix="restore it from the pack it came from")
+    if progress:
+        print(f"rebuilding the packed {entry['name']} of {out} from its recipe (as long as its training took)",
+              file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    task = get_task(plan["task"])
+    task.prepare(out, plan["data"])
+    split = task.load_split(plan["data"], out)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as every population model was trained
+    try:
+        model, fitted = fit_one(record["hparams"], split, task, plan["arch"])
+    finally:
+        torch.set_num_threads(threads)
+    tmp = out / "models" / f".tmp-rebuild-{entry['name']}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with quiet_transformers():
+            model.save_pretrained(tmp)
+        task.save_extras(tmp, out)
+        got = model_sums(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return _Refit(tmp=tmp, got=got, sums=sums, record=record, model=model, fitted=fitted, split=split, task=task,
+                  t0=t0)
+
+
+def _install(tmp: Path, model_dir: Path, sums: dict) -> None:
+    """Move the rebuilt files ``sums`` names from ``tmp`` into ``model_dir``, the weights last (a model directory
+    holding them all is not packed any more)."""
+    fsync_tree(tmp)
+    for n in sorted(sums, key=lambda n: (tmp / n).stat().st_size):
+        os.replace(tmp / n, model_dir / n)
+    fsync_dir(model_dir)
+
+
+def weights_digest(out, entry: dict) -> str:
+    """The SHA-256 of a trained model's weights (``model.safetensors``): from its ``SHA256SUMS`` where it has one
+    (packed, rebuilt or retrained), else hashed now. Every record the per-model pipeline writes of the model
+    carries it (``weights_sha256``), so a record of other weights is recognised (:mod:`.pipeline`)."""
+    model_dir = Path(out) / entry["dir"]
+    if (model_dir / SUMS).is_file():
+        sums = read_sums(model_dir)
+        if WEIGHTS in sums:
+            return sums[WEIGHTS]
+    return file_digest(model_dir / WEIGHTS)
+
+
+def ensure_weights(out, entry: dict, progress: bool = True) -> str:
+    """The weights of a trained model on this machine, and their SHA-256 (:func:`weights_digest`).
+
+    A model whose files are all here is left as it is. A packed one is trained again from its recipe, once
+    (:func:`_refit`): where every file has its recorded SHA-256 (the machine that trained it) the files are
+    installed, as :func:`rebuild_model` does; where they differ (another CPU: amendment 12 of
+    docs/tweets/PROTOCOL.md) the model is *retrained*: its errors are measured on the new weights
+    (:func:`~.training.measure_one`, as training does), and the model directory is replaced whole by one with the
+    new files, a new record (written as training writes it) and a new ``SHA256SUMS``. The old record and sums are
+    kept in ``superseded/NAME-<old digest[:16]>/`` and one line of ``retrained.jsonl`` (name, both digests, the
+    CPU, no metric) says so. The caller syncs the manifest's entry (:func:`.pipeline.sync_manifest_entry`).
+    Two processes that need the same model wait for one another (``models/.rebuild-NAME.lock``)."""
+    out = Path(out)
+    model_dir = out / entry["dir"]
+    with exclusive_lock(out / "models" / f".rebuild-{entry['name']}.lock", wait=True):
+        _restore_swap(out, entry)
+        if not is_packed(model_dir):
+            return weights_digest(out, entry)
+        refit = _refit(out, entry, progress)
+        try:
+            if refit.got == refit.sums:
+                _install(refit.tmp, model_dir, refit.sums)
+            else:
+                _retrain(out, entry, refit)
+        finally:
+            shutil.rmtree(refit.tmp, ignore_errors=True)
+    return weights_digest(out, entry)
+
+
+def _swap_dir(out: Path, entry: dict) -> Path:
+    return out / "models" / f".swap-{entry['name']}"
+
+
+def _restore_swap(out: Path, entry: dict) -> None:
+    """A retrain killed between its two renames left the old (packed) directory aside: put it back."""
+    swap, model_dir = _swap_dir(out, entry), out / entry["dir"]
+    if swap.is_dir():
+        if model_dir.exists():
+            shutil.rmtree(swap)
+        else:
+            os.replace(swap, model_dir)
+            fsync_dir(model_dir.parent)
+
+
+def _retrain(out: Path, entry: dict, refit: _Refit) -> None:
+    """Install a refit whose files differ from the recorded ones as a retrained model (see
+    :func:`ensure_weights`)."""
+    model_dir, tmp = out / entry["dir"], refit.tmp
+    metrics = measure_one(refit.model, refit.split, refit.fitted)
+    old = read_json_object(model_dir / RECORD, "model's training record", keys=("hparams",))
+    record = {k: v for k, v in old.items() if k != "seconds"}
+    record["metrics"] = metrics
+    write_record(tmp, record, refit.t0)
+    _write_sums(tmp / SUMS, refit.got)
+    fsync_tree(tmp)
+    archive = out / "superseded" / f"{entry['name']}-{refit.sums.get(WEIGHTS, 'none')[:16]}"
+    archive.mkdir(parents=True, exist_ok=True)
+    for n in (RECORD, SUMS):
+        shutil.copy2(model_dir / n, archive / n)
+    fsync_tree(archive)
+    swap = _swap_dir(out, entry)
+    os.replace(model_dir, swap)
+    os.replace(tmp, model_dir)
+    fsync_dir(model_dir.parent)
+    shutil.rmtree(swap, ignore_errors=True)
+    append_line(out / RETRAINED, dict(model=entry["name"], old_weights_sha256=refit.sums.get(WEIGHTS),
+                                      weights_sha256=refit.got.get(WEIGHTS), cpu=cpu_name(),
+                                      torch_cpu_capability=torch.backends.cpu.get_cpu_capability()))
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; elsewhere ``platform.processor()``)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
+                        platform.processor())
+    except OSError:
+        return platform.processor()
 
 
 def rebuild_population(out, workers: int = 2, progress: bool = True) -> dict:
@@ -255,23 +382,33 @@ def rebuild_population(out, workers: int = 2, progress: bool = True) -> dict:
 
 
 def _rebuild_in_workers(out: Path, todo: list, workers: int, bar) -> int:
-    """:func:`rebuild_model` of each entry of ``todo`` in ``workers`` spawned processes, at most one model each
-    submitted at a time (so an error stops the rest instead of waiting behind queued ones)."""
-    rebuilt, queue = 0, iter(todo)
+    """:func:`rebuild_model` of each entry of ``todo`` in ``workers`` spawned processes."""
+    done = run_in_workers(rebuild_model, [(out, m, False) for m in todo], workers, lambda _: bar.update(1),
+                          f"a process rebuilding models of {out} died (killed, or out of memory?); the models it "
+                          f"finished are kept: run `geosharp population rebuild --out {out}` again")
+    return sum(done)
+
+
+def run_in_workers(fn, jobs: list, workers: int, on_done, died: str, initializer=None) -> list:
+    """``[fn(*job) for job in jobs]`` (in completion order) in ``workers`` spawned processes (each started by
+    ``initializer``, by default one that ignores Ctrl-C and dies with its parent), at most one job each submitted at
+    a time, so an error stops the rest instead of waiting behind queued ones: the jobs running beside it finish, no
+    further one starts, and the error is raised here. ``on_done(result)`` after each job; a worker that dies
+    (killed, out of memory) is reported as ``OSError(died)``."""
+    results, queue = [], iter(jobs)
     try:
         with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
-                                    initializer=_rebuild_worker) as ex:
-            running = {ex.submit(rebuild_model, out, m, False) for m in itertools.islice(queue, workers)}
+                                    initializer=initializer or _rebuild_worker) as ex:
+            running = {ex.submit(fn, *job) for job in itertools.islice(queue, workers)}
             while running:
                 done, running = cf.wait(running, return_when=cf.FIRST_COMPLETED)
                 for fut in done:
-                    rebuilt += fut.result()  # an error leaves the with block: the running ones finish
-                    bar.update(1)
-                    running |= {ex.submit(rebuild_model, out, m, False) for m in itertools.islice(queue, 1)}
+                    results.append(fut.result())  # an error leaves the with block: the running ones finish
+                    on_done(results[-1])
+                    running |= {ex.submit(fn, *job) for job in itertools.islice(queue, 1)}
     except BrokenProcessPool:
-        raise OSError(f"a process rebuilding models of {out} died (killed, or out of memory?); the models it "
-                      f"finished are kept: run `geosharp population rebuild --out {out}` again") from None
-    return rebuilt
+        raise OSError(died) from None
+    return results
 
 
 def _rebuild_worker() -> None:

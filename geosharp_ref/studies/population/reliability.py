@@ -40,13 +40,14 @@ from .options import check_count, check_seed
 from .tasks import get_task
 from .training import logits_by_length
 
-__all__ = ["predict_test_set", "split_half_gaps", "split_half_reliability", "gap_reliability", "PREDICTIONS", "RELIABILITY"]
+__all__ = ["predict_test_set", "predict_model", "test_split", "split_half_gaps", "split_half_reliability",
+           "gap_reliability", "read_prediction_records", "PREDICTIONS", "RELIABILITY"]
 
 PREDICTIONS = "test_predictions.jsonl"
 RELIABILITY = "reliability.json"
 
 
-def _test_split(out: Path, manifest: dict):
+def test_split(out: Path, manifest: dict):
     spec = manifest["plan"]["data"]
     if spec.get("dataset") == "file":
         raise ValueError(f"{out} is an imported population: its data file has no test set to split; the "
@@ -60,33 +61,41 @@ def predict_test_set(out, batch_size: int = 256, threads: int | None = 1, progre
     (to one example: an argmax tie may flip with the batch size)."""
     out = Path(out)
     manifest = read_manifest(out)
-    return _predictions(out, manifest, _test_split(out, manifest), batch_size, threads, progress)
+    return _predictions(out, manifest, test_split(out, manifest), batch_size, threads, progress)
 
 
 def _predictions(out: Path, manifest: dict, split, batch_size: int, threads, progress: bool) -> dict:
     check_packed_models(out, manifest)  # a packed model's damaged SHA256SUMS is refused before anything is written
     y = split.y_test
     path = out / PREDICTIONS
-    done = {r["model"]: r["predictions"] for r in _prediction_records(path, len(y))}
+    done = {r["model"]: r["predictions"] for r in read_prediction_records(path, len(y))}
     todo = [m for m in manifest["models"] if m["name"] not in done]
     if todo and threads:
         torch.set_num_threads(threads)
     from tqdm.auto import tqdm
 
     for m in tqdm(todo, desc="test predictions", unit="model", disable=not progress or not todo):
-        model = load_population_model(out, m, progress).eval()
-        pred = logits_by_length(model, split.test, len(y), batch_size).argmax(-1)
-        error = float((pred != y).float().mean())
-        recorded = m["metrics"]["test_error"]
-        if abs(error - recorded) * len(y) > 1.5:
-            raise ValueError(f"{m['name']}: its test predictions give test error {error:.4f}, the manifest records "
-                             f"{recorded:.4f}; the model directory and the manifest of {out} do not belong together")
-        append_line(path, dict(model=m["name"], predictions=pred.tolist()))
-        done[m["name"]] = pred.tolist()
+        pred = predict_model(out, m, split, m["metrics"]["test_error"], batch_size, progress)
+        append_line(path, dict(model=m["name"], predictions=pred))
+        done[m["name"]] = pred
     return {m["name"]: done[m["name"]] for m in manifest["models"]}
 
 
-def _prediction_records(path: Path, n_test: int) -> list:
+def predict_model(out, entry: dict, split, test_error: float, batch_size: int = 256, progress: bool = True) -> list:
+    """The predicted class of every test example by the model of manifest ``entry``
+    (:func:`~.evaluation.load_population_model`; :func:`~.training.logits_by_length` in batches of ``batch_size``),
+    checked against its recorded ``test_error`` (to one example: an argmax tie may flip with the batch size)."""
+    model = load_population_model(out, entry, progress).eval()
+    y = split.y_test
+    pred = logits_by_length(model, split.test, len(y), batch_size).argmax(-1)
+    error = float((pred != y).float().mean())
+    if abs(error - test_error) * len(y) > 1.5:
+        raise ValueError(f"{entry['name']}: its test predictions give test error {error:.4f}, the manifest records "
+                         f"{test_error:.4f}; the model directory and the manifest of {out} do not belong together")
+    return pred.tolist()
+
+
+def read_prediction_records(path: Path, n_test: int) -> list:
     """The complete lines of ``test_predictions.jsonl`` (a torn last line repaired), each checked to be a model's
     predictions: ``{"model": name, "predictions": [class index per test example]}``."""
     records = read_jsonl(path, repair=True)
@@ -137,7 +146,7 @@ def gap_reliability(out, splits: int = 200, seed: int = 0, progress: bool = True
     names = [m["name"] for m in manifest["models"]]
     if len(names) < 3:  # checked before any prediction is written
         raise ValueError(f"{out} has {len(names)} models; Kendall τ needs at least 3")
-    split = _test_split(out, manifest)
+    split = test_split(out, manifest)
     preds = _predictions(out, manifest, split, 256, threads, progress)
     y = split.y_test.numpy()
     wrong = np.array([np.asarray(preds[n]) != y for n in names])

@@ -39,7 +39,8 @@ from .options import check_training
 from .task import PopulationTask, Split
 from .tasks import get_task
 
-__all__ = ["sample_hparams", "train_one", "train_population", "error_and_loss", "batched_logits", "logits_by_length", "lr_factor"]
+__all__ = ["sample_hparams", "train_one", "fit_one", "measure_one", "write_model_dir", "write_record",
+           "train_population", "error_and_loss", "batched_logits", "logits_by_length", "lr_factor"]
 
 
 def sample_hparams(index: int, seed: int = 0, epochs_max: int | None = None, train_size_max: int | None = None,
@@ -106,7 +107,14 @@ def train_one(hparams: dict, split: Split, task: PopulationTask | str = "vision"
     ``label_noise`` fraction of the training labels is replaced by a different random class, and
     ``augment`` applies the task's augmentation to each batch. Train error is measured on the labels
     the model was trained on (noisy ones included), test error on the clean test set,
-    gap = test error − train error."""
+    gap = test error − train error. The same as :func:`fit_one` then, with ``measure``, :func:`measure_one`."""
+    model, fitted = fit_one(hparams, split, task, arch)
+    return model, (measure_one(model, split, fitted) if measure else None)
+
+
+def fit_one(hparams: dict, split: Split, task: PopulationTask | str = "vision", arch: dict | None = None):
+    """The training of :func:`train_one` without its error passes: ``(model, fitted)``, ``fitted`` what
+    :func:`measure_one` needs (the training inputs, the labels trained on, the clean labels, the counts)."""
     task = get_task(task) if isinstance(task, str) else task
     arch = dict(task.arch if arch is None else arch)
     h = hparams
@@ -143,15 +151,19 @@ def train_one(hparams: dict, split: Split, task: PopulationTask | str = "vision"
             opt.step()
             sched.step()
     model.eval()
-    if not measure:
-        return model, None
-    train_err, train_loss = error_and_loss(model, x_tr, y_tr)
-    train_err_clean, _ = error_and_loss(model, x_tr, y_clean)
+    return model, dict(x_tr=x_tr, y_tr=y_tr, y_clean=y_clean, n=n, n_noisy=n_noisy, steps=total)
+
+
+def measure_one(model, split: Split, fitted: dict) -> dict:
+    """The metrics of a model :func:`fit_one` trained (``fitted`` its second value): train error and loss on the
+    labels trained on, train error on the clean labels, test error and loss, gap = test error − train error."""
+    x_tr, n = fitted["x_tr"], fitted["n"]
+    train_err, train_loss = error_and_loss(model, x_tr, fitted["y_tr"])
+    train_err_clean, _ = error_and_loss(model, x_tr, fitted["y_clean"])
     test_err, test_loss = error_and_loss(model, split.test, split.y_test)
-    metrics = dict(train_error=train_err, train_loss=train_loss, train_error_clean_labels=train_err_clean,
-                   test_error=test_err, test_loss=test_loss, gap=test_err - train_err,
-                   train_examples=n, noisy_labels=n_noisy, steps=total)
-    return model, metrics
+    return dict(train_error=train_err, train_loss=train_loss, train_error_clean_labels=train_err_clean,
+                test_error=test_err, test_loss=test_loss, gap=test_err - train_err,
+                train_examples=n, noisy_labels=fitted["n_noisy"], steps=fitted["steps"])
 
 
 def _train_task(task):
@@ -169,19 +181,38 @@ def _train_task(task):
     tmp = root / "models" / f".tmp-{name}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    with quiet_transformers():
-        model.save_pretrained(tmp)
-    ptask.save_extras(tmp, root)
     record = dict(name=name, task=task_name, hparams=hparams, metrics=metrics, split_seed=data_spec["split_seed"],
-                  data=data_spec, arch=arch, seconds=round(time.perf_counter() - t0, 3))
-    with open(tmp / "geosharp_model.json", "w") as f:
-        f.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    fsync_tree(tmp)
+                  data=data_spec, arch=arch)
+    record = write_model_dir(tmp, model, ptask, root, record, t0)
     os.replace(tmp, final)
     fsync_dir(final.parent)
     return name, record
+
+
+def write_model_dir(path, model, task: PopulationTask, root, record: dict, t0: float | None = None) -> dict:
+    """Write a trained model's directory ``path`` (not yet in place): its weights and config
+    (``save_pretrained``), the task's extras (a tokenizer) and its record ``geosharp_model.json`` (indented,
+    key-sorted; with ``t0``, the ``time.perf_counter()`` its training began at, its ``seconds`` until now), every
+    file fsync'd. Returns the record."""
+    path = Path(path)
+    with quiet_transformers():
+        model.save_pretrained(path)
+    task.save_extras(path, root)
+    record = write_record(path, record, t0)
+    fsync_tree(path)
+    return record
+
+
+def write_record(path, record: dict, t0: float | None = None) -> dict:
+    """Write a model's record ``geosharp_model.json`` into the directory ``path`` (indented, key-sorted, fsync'd;
+    with ``t0``, its ``seconds`` since then); returns the record."""
+    if t0 is not None:
+        record = dict(record, seconds=round(time.perf_counter() - t0, 3))
+    with open(Path(path) / "geosharp_model.json", "w") as f:
+        f.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return record
 
 
 def _init_worker():

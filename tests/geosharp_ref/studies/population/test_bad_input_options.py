@@ -103,6 +103,8 @@ OTHER_CASES = {  # argv after `population`, what the line says (OUT is the popul
     "reliability: zero halvings": (["reliability", "--out", "OUT", "--splits", "0"], "--splits must be a positive"),
     "correlate: zero resamples": (["correlate", "--out", "OUT", "--bootstrap", "0"], "--bootstrap must be a positive"),
     "rebuild: zero workers": (["rebuild", "--out", "OUT", "--workers", "0"], "--workers must be a positive"),
+    "pipeline: zero workers": (["pipeline", "--out", "OUT", "--plan", "PLAN.json", "--workers", "0"],
+                               "--workers must be a positive"),
 }
 
 

@@ -14,6 +14,7 @@ import torch
 from geosharp_ref.studies import population as pop
 from geosharp_ref.studies.population import pack
 from geosharp_ref.studies.population.calibration import calibrate_population
+from geosharp_ref.studies.population.pipeline import run_pipeline
 from geosharp_ref.studies.population.reliability import gap_reliability
 from tests import cases
 
@@ -144,8 +145,8 @@ def test_two_loaders_rebuild_a_packed_model_once(packed, tmp_path, monkeypatch):
     shutil.copytree(to, out)
     entry = json.loads((out / "population.json").read_text())["models"][2]
     trainings, results = [], []
-    real = pack.train_one
-    monkeypatch.setattr(pack, "train_one", lambda *a, **k: trainings.append(1) or real(*a, **k))
+    real = pack.fit_one
+    monkeypatch.setattr(pack, "fit_one", lambda *a, **k: trainings.append(1) or real(*a, **k))
     threads = [threading.Thread(target=lambda: results.append(pack.rebuild_model(out, entry))) for _ in range(2)]
     for t in threads:
         t.start()
@@ -199,6 +200,8 @@ _READERS = {
                                                        n_iter=2, progress=False),
     "reliability": lambda out, tmp: gap_reliability(out, splits=3, progress=False, stream=io.StringIO()),
     "rebuild": lambda out, tmp: pack.rebuild_population(out, workers=1, progress=False),
+    "pipeline": lambda out, tmp: run_pipeline(out, None, [{k: v for k, v in cases.POPULATION_EVAL.items()
+                                                           if k != "progress"}], None, workers=1, progress=False),
 }
 
 

@@ -385,72 +385,67 @@ def test_curvature_analysis_is_exploratory_and_reads_the_standard_errors(tmp_pat
     assert curvature_analysis(tmp_path / "none") == {}
 
 
-def test_the_sharpness_script_runs_the_protocols_commands():
-    """docs/tweets/run-sharpness.sh (the resumable sittings after training) parses, rebuilds the packed models
-    first, and runs the calibration and the evaluations (each as two torchrun ranks: amendment 9) with the protocol's
+def test_the_pipeline_script_runs_the_protocols_commands():
+    """docs/tweets/run-pipeline.sh (the resumable sittings after training) parses and runs one `population pipeline`
+    of docs/tweets/pipeline.json (two one-thread processes, OMP_NUM_THREADS=1 from the start: amendment 13), then the
+    correlations; the plan's calibration and evaluations, parsed by the commands' own options, have the protocol's
     measures, sizes, points, iterations and length buckets."""
     import re
     import shlex
+    import sys
     from pathlib import Path
 
     from geosharp_ref.cli.parser import build_parser
+    from geosharp_ref.cli.population import pipeline_stages
 
-    text = (Path(__file__).resolve().parents[4] / "docs" / "tweets" / "run-sharpness.sh").read_text()
+    docs = Path(__file__).resolve().parents[4] / "docs" / "tweets"
+    text = (docs / "run-pipeline.sh").read_text()
     parser = build_parser()
-    runs, ranked = {}, set()
+    runs = {}
     for line in text.replace("\\\n", " ").splitlines():
-        m = re.search(r"^\s*(?:\S+=\S+ )*(?:gs (population [^>]*?)|ranks (.*))(?: >> \S+)?$", line)
+        m = re.search(r"^\s*(?:\S+=\S+ )*gs (population [^>]*?)(?: >> \S+)?$", line)
         if m:
-            command = m.group(1) or "population " + m.group(2)
-            a = parser.parse_args(shlex.split(command.replace('"$DIR"', "/pop"), comments=True))
+            a = parser.parse_args(shlex.split(m.group(1).replace('"$DIR"', "/pop"), comments=True))
             runs[(a.action, getattr(a, "tag", ""))] = a
-            if m.group(2):
-                ranked.add((a.action, getattr(a, "tag", "")))
-    # the evaluations, and they alone, run as two torchrun ranks of one thread; every stage in the background, waited
-    # for (a TERM is handled at once); the packed models rebuilt by two processes
-    assert ranked == {k for k in runs if k[0] == "evaluate"}
-    assert re.search(r'ranks\(\) \{[^}]*OMP_NUM_THREADS=1 run nice -n 19 "\$PY" -m torch\.distributed\.run --standalone '
-                     r'--nproc_per_node 2 \\\n +-m geosharp_ref\.cli population "\$@"\n\}', text)
+    assert list(runs) == [("status", ""), ("pipeline", ""), ("correlate", ""), ("correlate", "ablations"),
+                          ("correlate", "curvature")]
+    assert runs["pipeline", ""].workers == 2 and runs["pipeline", ""].plan == "/work/pop-eval/docs/tweets/pipeline.json"
+    assert re.search(r'\nOMP_NUM_THREADS=1 gs population pipeline ', text)
     assert re.search(r'run\(\) \{\n +"\$@" &\n +stage=\$!\n +wait "\$stage"', text) and "gs() {  # geosharp" in text
     assert re.search(r'gs\(\) \{[^}]*\n +run nice -n 19', text)
-    assert runs["rebuild", ""].workers == 2
-    # the rebuild with one OpenMP thread from the start, as run-train.sh trained every model; the reliability computed
-    # once (a later sitting finds reliability.json) (amendment 12)
-    assert re.search(r'\n +OMP_NUM_THREADS=1 gs population rebuild ', text)
-    assert re.search(r'\nif \[ ! -f "\$DIR/reliability\.json" \]; then\n +OMP_NUM_THREADS=2 gs population reliability ',
-                     text)
+    # the snapshot must hold amendment 13's code (the commit the script names exists and holds the pipeline)
+    commit = re.search(r"merge-base --is-ancestor ([0-9a-f]{40}) HEAD", text).group(1)
+    root = docs.parents[1]
+    if (root / ".git").exists():
+        shown = subprocess.run(["git", "-C", str(root), "show",
+                                f"{commit}:geosharp_ref/studies/population/pipeline.py"], capture_output=True, text=True)
+        assert shown.returncode == 0 and "def run_pipeline(" in shown.stdout
     # each sitting's machine recorded beside the population (the snippet the script runs, run here)
-    import sys
-
     code = re.search(r'"\$PY" -c "(import datetime[^"]*)" >> "\$DIR/sittings\.jsonl"', text.replace("\\\n", ""))
     line = json.loads(subprocess.run([sys.executable, "-c", code.group(1)], capture_output=True, text=True,
                                      check=True).stdout)
     assert set(line) == {"started", "cpu", "cores", "torch_cpu_capability"}
     assert line["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability() and line["cores"] >= 1
-    # the reliability's summary (R, the gaps' spread) is kept out of the sitting's log (blind until the analysis)
-    assert re.search(r'\n *OMP_NUM_THREADS=2 gs population reliability [^\n]* >> "\$DIR/reliability\.log"\n', text)
-    path = Path(__file__).resolve().parents[4] / "docs" / "tweets" / "run-sharpness.sh"
-    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
-    assert list(runs) == [("status", ""), ("rebuild", ""), ("reliability", ""), ("calibrate", ""),
-                          ("evaluate", ""), ("evaluate", "ablations"),
-                          ("evaluate", "curvature"), ("correlate", ""), ("correlate", "ablations"),
-                          ("correlate", "curvature")]
-    curv = runs["evaluate", "curvature"]
-    assert tuple(curv.measures) == CURVATURE_PROTOCOL["measures"] and curv.rho == [CURVATURE_PROTOCOL["rho"]]
-    assert (curv.batches, curv.batch_size, curv.length_buckets) == tuple(
-        CURVATURE_PROTOCOL[k] for k in ("batches", "batch_size", "length_buckets")) and not curv.calibration
-    assert (curv.probes, curv.lanczos_steps, curv.trace_method) == (None, None, None)  # the library's defaults
-    cal, main, abl = runs["calibrate", ""], runs["evaluate", ""], runs["evaluate", "ablations"]
-    assert tuple(cal.sizes) == EVALUATION_PROTOCOL["sizes"] and tuple(cal.probe_rho) == EVALUATION_PROTOCOL["probe_rhos"]
-    assert set(cal.measures) == {m for m in EVALUATION_PROTOCOL["measures"] + ABLATION_PROTOCOL["measures"]
-                                 if not m.endswith("-linearised")}
-    assert tuple(main.measures) == EVALUATION_PROTOCOL["measures"] and tuple(abl.measures) == ABLATION_PROTOCOL["measures"]
-    assert tuple(abl.sizes) == ABLATION_PROTOCOL["sizes"] and main.calibration and abl.calibration
-    for a in (cal, main, abl):
-        assert a.length_buckets == EVALUATION_PROTOCOL["length_buckets"] and a.iters == EVALUATION_PROTOCOL["iters"]
-        assert a.batch_size == EVALUATION_PROTOCOL["batch_size"]
-    assert cal.models == EVALUATION_PROTOCOL["calibration_models"]
-    assert main.batches == abl.batches == EVALUATION_PROTOCOL["batches"]
+    assert subprocess.run(["bash", "-n", str(docs / "run-pipeline.sh")]).returncode == 0
+    stages = pipeline_stages("/pop", docs / "pipeline.json")
+    cal, (main, abl, curv), rel = stages["calibrate"], stages["evaluations"], stages["reliability"]
+    assert [e["tag"] for e in (main, abl, curv)] == ["", "ablations", "curvature"] and rel == dict(splits=200, seed=0)
+    assert tuple(curv["measures"]) == CURVATURE_PROTOCOL["measures"] and curv["rhos"] == [CURVATURE_PROTOCOL["rho"]]
+    assert (curv["n_batches"], curv["batch_size"], curv["length_buckets"]) == tuple(
+        CURVATURE_PROTOCOL[k] for k in ("batches", "batch_size", "length_buckets")) and not curv["calibration"]
+    assert curv["curvature_options"] == dict(probes=None, steps=None, trace_method=None)  # the library's defaults
+    assert tuple(cal["sizes"]) == EVALUATION_PROTOCOL["sizes"]
+    assert tuple(cal["probe_rhos"]) == EVALUATION_PROTOCOL["probe_rhos"]
+    assert set(cal["measures"]) == {m for m in EVALUATION_PROTOCOL["measures"] + ABLATION_PROTOCOL["measures"]
+                                    if not m.endswith("-linearised")}
+    assert tuple(main["measures"]) == EVALUATION_PROTOCOL["measures"]
+    assert tuple(abl["measures"]) == ABLATION_PROTOCOL["measures"]
+    assert tuple(abl["sizes"]) == ABLATION_PROTOCOL["sizes"] and main["calibration"] and abl["calibration"]
+    for a in (main, abl, cal):
+        assert a["length_buckets"] == EVALUATION_PROTOCOL["length_buckets"]
+        assert a["n_iter"] == EVALUATION_PROTOCOL["iters"] and a["batch_size"] == EVALUATION_PROTOCOL["batch_size"]
+    assert cal["models"] == EVALUATION_PROTOCOL["calibration_models"]
+    assert main["n_batches"] == abl["n_batches"] == EVALUATION_PROTOCOL["batches"]
 
 
 def test_analyse_runs_the_protocols_analysis_on_a_population(reference, tmp_path):

@@ -1,0 +1,288 @@
+"""Every stage after training, per model on one machine (``geosharp population pipeline``; amendment 13 of
+docs/tweets/PROTOCOL.md).
+
+A model's training does not reproduce bit for bit on a machine with another CPU (amendment 12), so a population
+continued on a new machine (from its pack) cannot rebuild a packed model and keep its recorded errors. The
+pipeline makes the unit of work the *model*: for each model, on one machine and in one worker process,
+
+1. its weights (:func:`~.pack.ensure_weights`): as they are, rebuilt from the recipe where they reproduce, else
+   *retrained* with its errors measured again on the new weights (the old record kept in ``superseded/``), the
+   manifest's entry synced to the record (:func:`sync_manifest_entry`);
+2. every line of an earlier model of that name is discarded (:func:`discard_stale`): each line the pipeline
+   writes of a model carries the SHA-256 of its weights (``weights_sha256``), and one with another digest (or none)
+   belongs to other weights;
+3. its test predictions (``test_predictions.jsonl``, for the gap's split-half reliability), checked against its
+   recorded test error (:func:`~.reliability.predict_model`);
+4. each evaluation in turn (main, ablations, curvature: ``results[-TAG].jsonl``), the model loaded afresh for each,
+   resumable per unit (measure, radius) as ``geosharp population evaluate`` is (:func:`~.evaluation.evaluate_entry`).
+
+A model whose predictions and records all carry the digest of its weights (read from ``SHA256SUMS`` where it is
+packed) is complete and is not loaded again, on any machine. A model left out of the evaluations
+(``excluded.json``) gets its weights and predictions only.
+
+:func:`run_pipeline` runs the calibration first (on the first models, their weights ensured first), writes or
+checks each evaluation's settings, then the models in ``workers`` spawned one-thread processes (a whole model
+each), then the canonical results of each evaluation (manifest order) and, once every model is complete, the
+split-half reliability. Every append of every worker happens under one lock (``.pipeline-append.lock``), so
+:func:`discard_stale` never races an append. Resumable at every point: rerun it.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import signal
+import warnings
+from pathlib import Path
+
+import torch
+
+from ...distributed import die_with_parent
+from ...io.durable import append_line, exclusive_lock, read_jsonl, write_json_atomic, write_text_atomic
+from .calibration import CALIBRATION, CALIBRATION_UNITS, calibrate_population, evaluation_radii
+from .evaluation import (check_settings_file, evaluate_entry, finalize_results, plan_evaluation, read_results,
+                         read_units, settings_digest, sharpness_batches)
+from .exclusion import read_excluded
+from .manifest import MANIFEST, population_files, read_json_object, read_manifest
+from .pack import RECORD, RETRAINED, check_packed_models, ensure_weights, run_in_workers, weights_digest
+from .reliability import PREDICTIONS, RELIABILITY, gap_reliability, predict_model, read_prediction_records, test_split
+
+__all__ = ["STAMP", "sync_manifest_entry", "discard_stale", "model_complete", "pipeline_model", "run_pipeline"]
+
+#: the field of every line the pipeline writes of a model: the SHA-256 of the weights it was computed on
+STAMP = "weights_sha256"
+_APPEND_LOCK = ".pipeline-append.lock"
+_MANIFEST_LOCK = ".manifest.lock"
+
+
+def sync_manifest_entry(out, name: str) -> bool:
+    """Copy the metrics of model ``name``'s record (``geosharp_model.json``) into its manifest entry, under
+    ``.manifest.lock`` (two workers lose no edit); True where the entry changed (a retrained model)."""
+    out = Path(out)
+    with exclusive_lock(out / _MANIFEST_LOCK, wait=True):
+        man = json.loads((out / MANIFEST).read_text())
+        entry = next(m for m in man["models"] if m["name"] == name)
+        record = read_json_object(out / entry["dir"] / RECORD, "model's training record", keys=("metrics",))
+        if entry.get("metrics") == record["metrics"]:
+            return False
+        entry["metrics"] = record["metrics"]
+        write_json_atomic(out / MANIFEST, man)
+    return True
+
+
+def _stamped_files(out: Path, tags) -> list:
+    """Every file holding lines of models the pipeline writes: predictions, probe runs, each evaluation's results,
+    parts and units."""
+    paths = [out / PREDICTIONS, out / CALIBRATION_UNITS]
+    for tag in tags:
+        f = population_files(tag)
+        paths += [out / f["results"], *sorted((out / f["parts"]).glob("rank*.jsonl")),
+                  *sorted((out / f["units"]).glob("rank*.jsonl"))]
+    return paths
+
+
+def discard_stale(out, name: str, digest: str, tags) -> int:
+    """Remove every line of model ``name`` whose ``weights_sha256`` is not ``digest`` (other weights, or none
+    recorded) from the files :func:`_stamped_files` names (each rewritten atomically, under the append lock);
+    returns the number of lines removed."""
+    out, dropped = Path(out), 0
+    with exclusive_lock(out / _APPEND_LOCK, wait=True):
+        for path in _stamped_files(out, tags):
+            lines = read_jsonl(path, repair=True)
+            keep = [r for r in lines if not (isinstance(r, dict) and r.get("model") == name and r.get(STAMP) != digest)]
+            if len(keep) < len(lines):
+                write_text_atomic(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
+                dropped += len(lines) - len(keep)
+    return dropped
+
+
+def _append(out: Path, path: Path, record: dict) -> None:
+    with exclusive_lock(out / _APPEND_LOCK, wait=True):
+        path.parent.mkdir(exist_ok=True)
+        append_line(path, record)
+
+
+def _predicted(out: Path, name: str, digest: str) -> bool:
+    return any(r.get("model") == name and r.get(STAMP) == digest for r in read_jsonl(out / PREDICTIONS))
+
+
+def _evaluated(out: Path, name: str, digest: str, tag: str) -> bool:
+    rec = read_results(out, tag).get(name)
+    return rec is not None and rec.get(STAMP) == digest
+
+
+def model_complete(out, entry: dict, tags, excluded) -> bool:
+    """True where model ``entry`` has its test predictions and (unless ``excluded``) a record of every evaluation
+    ``tags``, each carrying the digest of its weights (:func:`~.pack.weights_digest`: no weight is loaded)."""
+    out = Path(out)
+    digest = weights_digest(out, entry)
+    return _predicted(out, entry["name"], digest) and (
+        entry["name"] in excluded or all(_evaluated(out, entry["name"], digest, t) for t in tags))
+
+
+_CACHE: dict = {}  # per process: the test split and the sharpness batches, read once
+
+
+def _cached(key, make):
+    if key not in _CACHE:
+        _CACHE[key] = make()
+    return _CACHE[key]
+
+
+def pipeline_model(out, name: str, plans: list, progress: bool = False) -> str:
+    """Every stage of model ``name`` after training (see the module doc), under the evaluation ``plans``
+    (:func:`~.evaluation.plan_evaluation`'s, in order); returns ``name``. Nothing is done where it is complete."""
+    out = Path(out)
+    manifest = read_manifest(out)
+    entry = next(m for m in manifest["models"] if m["name"] == name)
+    tags, excluded = [p["tag"] for p in plans], read_excluded(out)
+    if model_complete(out, entry, tags, excluded):
+        return name
+    digest = ensure_weights(out, entry, progress)
+    sync_manifest_entry(out, name)
+    discard_stale(out, name, digest, tags)
+    metrics = read_json_object(out / entry["dir"] / RECORD, "model's training record", keys=("metrics",))["metrics"]
+    if not _predicted(out, name, digest):
+        split = _cached(("split", str(out)), lambda: test_split(out, manifest))
+        pred = predict_model(out, entry, split, metrics["test_error"], 256, progress)
+        _append(out, out / PREDICTIONS, {"model": name, "predictions": pred, STAMP: digest})
+    if name in excluded:
+        return name
+    for plan in plans:
+        files = population_files(plan["tag"])
+        if _evaluated(out, name, digest, plan["tag"]):
+            continue
+        config = plan["config"]
+        batches = _cached(("batches", str(out), config["batches"], config["batch_size"]),
+                          lambda: sharpness_batches(manifest, config["batches"], config["batch_size"], out))
+        digest_settings = settings_digest(config)
+        done = {(ms, r): u for (n, ms, r), u in read_units(out, files, digest_settings, repair=False).items()
+                if n == name}
+        units_path = out / files["units"] / "rank0.jsonl"
+
+        def finished(measure, key, unit, done=done, units_path=units_path, settings=digest_settings):
+            _append(out, units_path, dict(model=name, measure=measure, rho=key, settings=settings, **unit,
+                                          **{STAMP: digest}))
+            done[measure, key] = unit
+
+        record = evaluate_entry(out, entry, batches, plan, metrics["gap"], None, done, finished, progress)
+        _append(out, out / files["results"], dict(record, **{STAMP: digest}))
+    return name
+
+
+def _pipeline_worker() -> None:
+    """A pipeline process: one thread (as every model was trained), Ctrl-C left to its parent, dies with it."""
+    torch.set_num_threads(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    warnings.filterwarnings("ignore")
+    die_with_parent()
+
+
+def _in_this_process(out: Path, todo: list, plans: list, progress: bool, bar) -> None:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for m in todo:
+            pipeline_model(out, m["name"], plans, progress)
+            bar.update(1)
+    finally:
+        torch.set_num_threads(threads)
+        _CACHE.clear()
+
+
+def _check_consistent(out: Path, manifest: dict, tags, excluded) -> None:
+    """Every model's predictions and records carry the digest of its weights now (else the pipeline has not
+    finished it: rerun)."""
+    stale = [m["name"] for m in manifest["models"] if not model_complete(out, m, tags, excluded)]
+    if stale:
+        raise ValueError(f"{len(stale)} models of {out} are not complete with the digest of their weights (e.g. "
+                         f"{stale[0]}); rerun `geosharp population pipeline --out {out}`")
+
+
+def run_pipeline(out, calibrate: dict | None, evaluations: list, reliability: dict | None = None, workers: int = 2,
+                 progress: bool = True, log=None) -> dict:
+    """Run every stage after training on the population in ``out`` (see the module doc); resumable.
+
+    ``calibrate``: the keyword arguments of :func:`~.calibration.calibrate_population` (None: no calibration);
+    ``evaluations``: one dict per evaluation, in order, with the keyword arguments of
+    :func:`~.evaluation.plan_evaluation` (``rhos`` … ``curvature_options``, ``tag``) and, with
+    ``calibration: True``, its radii from the calibration (:func:`~.calibration.evaluation_radii`, ``sizes`` its
+    columns); ``reliability``: ``{"splits", "seed"}`` of :func:`~.reliability.gap_reliability`, whose summary
+    goes to ``log`` (a text stream; default ``reliability.log`` beside it, appended). ``workers`` one-thread
+    processes (1: in this process). Returns ``{"models", "retrained"}`` (counts: every model is complete)."""
+    out = Path(out)
+    manifest = read_manifest(out)  # refuses a population not completely trained
+    tags = [e.get("tag", "") for e in evaluations]
+    if len(set(tags)) != len(tags):
+        raise ValueError(f"two evaluations of the pipeline have the same tag ({tags}); give each its own --tag")
+    check_packed_models(out, manifest)  # every file the pipeline reads, checked before anything is written
+    read_prediction_records(out / PREDICTIONS, len(test_split(out, manifest).y_test))
+    with contextlib.ExitStack() as stack:
+        busy = f"another `geosharp population pipeline` or `evaluate` is running on {out}; wait for it to finish"
+        stack.enter_context(exclusive_lock(out / ".pipeline.lock", busy=busy))
+        for tag in tags:
+            stack.enter_context(exclusive_lock(out / f".evaluate{'-' + tag if tag else ''}.lock", busy=busy))
+        for stale in (out / "models").glob(".tmp-rebuild-*"):  # left by a killed rebuild or retrain
+            shutil.rmtree(stale, ignore_errors=True)
+        for path in _stamped_files(out, tags):  # a torn last line, left by a killed run
+            read_jsonl(path, repair=True)
+        excluded = read_excluded(out)
+        if calibrate is not None and not (out / CALIBRATION).is_file():
+            stamps = {}
+            for entry in manifest["models"][:calibrate.get("models", 3)]:
+                digest = ensure_weights(out, entry, progress)
+                sync_manifest_entry(out, entry["name"])
+                discard_stale(out, entry["name"], digest, tags)
+                stamps[entry["name"]] = {STAMP: digest}
+            calibrate_population(out, **calibrate, progress=progress, stamps=stamps)
+        plans = [_plan(out, manifest, e) for e in evaluations]
+        todo = [m for m in manifest["models"] if not model_complete(out, m, tags, excluded)]
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(manifest["models"]), initial=len(manifest["models"]) - len(todo), desc="pipeline",
+                   unit="model", disable=not progress)
+        try:
+            if workers > 1 and len(todo) > 1:
+                run_in_workers(pipeline_model, [(out, m["name"], plans, False) for m in todo], workers,
+                               lambda _: bar.update(1),
+                               f"a pipeline process on {out} died (killed, or out of memory?); the units it finished "
+                               f"are kept: run `geosharp population pipeline --out {out}` again", _pipeline_worker)
+            else:
+                _in_this_process(out, todo, plans, progress, bar)
+        finally:
+            bar.close()
+        manifest = read_manifest(out)  # the metrics of retrained models
+        _check_consistent(out, manifest, tags, excluded)
+        _canonical_predictions(out, manifest)
+        for tag in tags:
+            if finalize_results(out, manifest, tag=tag):
+                shutil.rmtree(out / population_files(tag)["units"], ignore_errors=True)
+        if reliability is not None and not (out / RELIABILITY).is_file():
+            with contextlib.ExitStack() as logs:
+                stream = log or logs.enter_context(open(out / "reliability.log", "a"))
+                gap_reliability(out, **reliability, progress=False, stream=stream, threads=1)
+    return dict(models=len(manifest["models"]), retrained=len(read_jsonl(out / RETRAINED)))
+
+
+def _canonical_predictions(out: Path, manifest: dict) -> None:
+    """``test_predictions.jsonl`` in manifest order (the workers append in the order they finish), as
+    ``geosharp population reliability`` writes it: the same bytes however the models were scheduled."""
+    lines = {r["model"]: r for r in read_jsonl(out / PREDICTIONS)}
+    text = "".join(json.dumps(lines[m["name"]], sort_keys=True) + "\n" for m in manifest["models"])
+    if (out / PREDICTIONS).read_text() != text:
+        write_text_atomic(out / PREDICTIONS, text)
+
+
+def _plan(out: Path, manifest: dict, request: dict) -> dict:
+    """The plan of one evaluation (:func:`~.evaluation.plan_evaluation`), its settings written to
+    ``evaluation[-TAG].json`` or checked against the file there."""
+    request = dict(request)
+    calibration, sizes = request.pop("calibration", False), request.pop("sizes", None)
+    rhos, sizes = evaluation_radii(out, request.get("measures"), request.pop("rhos", None), calibration, sizes)
+    plan, _ = plan_evaluation(out, manifest, rhos=rhos, sizes=sizes, **request)
+    files = population_files(plan["tag"])
+    check_settings_file(out / files["config"], plan["config"], out, files)
+    if not (out / files["config"]).is_file():
+        write_json_atomic(out / files["config"], plan["config"])
+    return plan
+

@@ -1,0 +1,272 @@
+"""`geosharp population pipeline` (amendment 13): every stage after training per model, on the package's tiny packed
+vision population. The stages one after another (rebuild, calibrate, reliability, evaluate per tag) are the
+independent reference; each record the pipeline writes must equal theirs byte for byte once its weights' digest
+(hashed here with hashlib) is set aside."""
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from geosharp_ref.studies import population as pop
+from geosharp_ref.studies.population import pack, pipeline
+from geosharp_ref.studies.population.calibration import calibrate_population, evaluation_radii
+from geosharp_ref.studies.population.exclusion import exclude_model
+from geosharp_ref.studies.population.reliability import gap_reliability
+from tests import cases
+
+#: the calibration, two evaluations (one on the calibrated grid, one of a curvature measure) and the reliability
+CALIBRATE = dict(sizes=[1e-3], measures=["adaptive"], models=2, batch_size=8, probe_rhos=(0.01, 0.03), n_iter=2)
+EVALUATIONS = [dict(calibration=True, measures=["adaptive"], n_batches=2, batch_size=16, n_iter=3, tag=""),
+               dict(rhos=[1.0], measures=["hessian-trace-inv"], n_batches=1, batch_size=16, tag="curvature",
+                    curvature_options=dict(probes=2, steps=None, trace_method=None))]
+RELIABILITY = dict(splits=5, seed=0)
+#: the same plan as a plan file's argv
+PLAN = {"calibrate": ["--sizes", "1e-3", "--measures", "adaptive", "--models", "2", "--batch-size", "8",
+                      "--probe-rho", "0.01", "0.03", "--iters", "2"],
+        "evaluate": [["--calibration", "--measures", "adaptive", "--batches", "2", "--batch-size", "16", "--iters",
+                      "3"],
+                     ["--rho", "1", "--measures", "hessian-trace-inv", "--batches", "1", "--batch-size", "16",
+                      "--tag", "curvature", "--probes", "2"]],
+        "reliability": ["--splits", "5", "--seed", "0"]}
+#: every file both ways write, compared (the digests set aside)
+COMPARED = ["calibration.json", "evaluation.json", "evaluation-curvature.json", "results.jsonl",
+            "results-curvature.jsonl", "test_predictions.jsonl", "reliability.json", "population.json"]
+
+
+def _sha(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _without_digest(path):
+    """The file's text with every line's ``weights_sha256`` removed (and ``seconds`` of a calibration)."""
+    if path.suffix == ".jsonl":
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        return "".join(json.dumps({k: v for k, v in r.items() if k != pipeline.STAMP}, sort_keys=True) + "\n"
+                       for r in lines)
+    obj = json.loads(path.read_text())
+    obj.pop("seconds", None)  # the calibration's time
+    return obj
+
+
+def _run(out, workers=2, **kw):
+    args = dict(calibrate=CALIBRATE, evaluations=EVALUATIONS, reliability=RELIABILITY)
+    args.update(kw)
+    return pipeline.run_pipeline(out, workers=workers, progress=False, log=open(os.devnull, "w"), **args)
+
+
+@pytest.fixture(scope="module")
+def packed(trained, tmp_path_factory):
+    to = tmp_path_factory.mktemp("pack") / "vit-pack"
+    pack.pack_population(trained, to)
+    return to
+
+
+@pytest.fixture(scope="module")
+def stages(packed, tmp_path_factory):
+    """The stages one after another, as `run-sharpness.sh` ran them (rebuild, reliability, calibrate, evaluate)."""
+    out = tmp_path_factory.mktemp("stages") / "vit"
+    shutil.copytree(packed, out)
+    torch.set_num_threads(1)
+    pack.rebuild_population(out, workers=1, progress=False)
+    gap_reliability(out, **RELIABILITY, progress=False, stream=open(os.devnull, "w"))
+    calibrate_population(out, **CALIBRATE, progress=False)
+    for e in EVALUATIONS:
+        e = dict(e)
+        rhos, sizes = evaluation_radii(out, e["measures"], e.pop("rhos", None),
+                                       e.pop("calibration", False), None)
+        pop.evaluate_population(out, rhos=rhos, sizes=sizes, progress=False, **e)
+    return out
+
+
+@pytest.fixture(scope="module")
+def piped(packed, tmp_path_factory):
+    """The pipeline, in two worker processes, on a copy of the pack."""
+    out = tmp_path_factory.mktemp("piped") / "vit"
+    shutil.copytree(packed, out)
+    _run(out, workers=2)
+    return out
+
+
+def test_the_pipeline_writes_what_the_stages_write(stages, piped, trained):
+    for name in COMPARED:
+        assert _without_digest(piped / name) == _without_digest(stages / name), name
+    # every line of a model carries the SHA-256 of its weights (hashed here), which are the trained ones
+    man = json.loads((piped / "population.json").read_text())
+    digests = {m["name"]: _sha(piped / m["dir"] / "model.safetensors") for m in man["models"]}
+    assert digests == {m["name"]: _sha(trained / m["dir"] / "model.safetensors") for m in man["models"]}
+    for name in ("results.jsonl", "results-curvature.jsonl", "test_predictions.jsonl"):
+        lines = cases.jsonl(piped / name)
+        assert len(lines) == len(digests) and all(r[pipeline.STAMP] == digests[r["model"]] for r in lines)
+    assert not (piped / "results.units").exists() and not (piped / "retrained.jsonl").exists()
+    assert not list((piped / "models").glob(".tmp-*"))
+
+
+def test_a_complete_population_is_not_loaded_again(piped, tmp_path, monkeypatch):
+    out = tmp_path / "vit"
+    shutil.copytree(piped, out)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and not p.name.startswith(".")}
+    monkeypatch.setattr(pop.evaluation, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    assert _run(out, workers=1) == dict(models=cases.POPULATION_MODELS, retrained=0)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and not p.name.startswith(".")} == before
+
+
+def test_a_killed_pipeline_resumes_to_the_same_bytes(packed, piped, tmp_path):
+    """A real SIGKILL of the command (its workers die with it) after its first result line, then a rerun."""
+    out = tmp_path / "vit"
+    shutil.copytree(packed, out)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(PLAN))
+    cmd = [sys.executable, "-m", "geosharp_ref.cli", "population", "pipeline", "--out", str(out), "--plan", str(plan),
+           "--workers", "2", "--no-progress"]
+    proc = subprocess.Popen(cmd, env=cases.subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    results = out / "results.jsonl"
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            if results.is_file() and results.read_bytes().count(b"\n") >= 1:
+                break
+            time.sleep(0.01)
+        assert proc.poll() is None, "the pipeline ended before it could be killed"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL and 1 <= len(cases.jsonl(results)) < cases.POPULATION_MODELS
+    r = subprocess.run(cmd, env=cases.subprocess_env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    for name in COMPARED:
+        if name == "calibration.json":
+            assert _without_digest(out / name) == _without_digest(piped / name)
+        else:
+            assert (out / name).read_text() == (piped / name).read_text(), name
+
+
+def test_a_line_of_other_weights_is_measured_again_and_nothing_else(piped, tmp_path, monkeypatch):
+    """A result line whose digest is not its model's (weights retrained on another machine after it was written)
+    is discarded and that model's evaluation alone runs again; the files end as they were."""
+    out = tmp_path / "vit"
+    shutil.copytree(piped, out)
+    lines = (out / "results.jsonl").read_text().splitlines(keepends=True)
+    r = json.loads(lines[1])
+    r[pipeline.STAMP] = "0" * 64
+    (out / "results.jsonl").write_text(lines[0] + json.dumps(r, sort_keys=True) + "\n" + "".join(lines[2:]))
+    loaded = []
+    real = pop.evaluation.load_model
+    monkeypatch.setattr(pop.evaluation, "load_model", lambda path, *a, **k: loaded.append(path.name) or real(path))
+    _run(out, workers=1)
+    assert loaded == [r["model"]]
+    for name in COMPARED:
+        assert (out / name).read_text() == (piped / name).read_text(), name
+
+
+def test_discard_stale_drops_only_that_models_other_digests(tmp_path):
+    out = tmp_path / "vit"
+    (out / "results-x.units").mkdir(parents=True)
+    rows = [dict(model="a", weights_sha256="1", v=1), dict(model="a", weights_sha256="2", v=2),
+            dict(model="a", v=3), dict(model="b", weights_sha256="2", v=4)]
+    for path in (out / "test_predictions.jsonl", out / "results-x.jsonl", out / "results-x.units" / "rank0.jsonl"):
+        path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+    assert pipeline.discard_stale(out, "a", "1", ["x"]) == 6  # two lines of "a" in each of three files
+    for path in (out / "test_predictions.jsonl", out / "results-x.jsonl", out / "results-x.units" / "rank0.jsonl"):
+        assert [r["v"] for r in cases.jsonl(path)] == [1, 4]
+
+
+def test_weights_that_do_not_reproduce_are_retrained_with_their_errors_measured_again(packed, trained, piped,
+                                                                                      tmp_path):
+    """Two packed models whose recorded weights' SHA-256 this machine does not reproduce (damaged here, as another
+    CPU's would differ), with a planted test error: both are retrained by the two workers at once, their errors
+    measured again (the trained population's, as training measured them), the old records kept in superseded/, both
+    manifest entries synced (no edit lost), and every other file as the clean pipeline wrote it."""
+    out = tmp_path / "vit"
+    shutil.copytree(packed, out)
+    man = json.loads((out / "population.json").read_text())
+    old = {}
+    for m in man["models"][2:4]:  # outside the calibration's two models: both retrained inside the workers
+        d = out / m["dir"]
+        lines = (d / "SHA256SUMS").read_text().splitlines()
+        i = next(i for i, line in enumerate(lines) if line.endswith("model.safetensors"))
+        lines[i] = ("0" if lines[i][0] != "0" else "1") + lines[i][1:]
+        (d / "SHA256SUMS").write_text("\n".join(lines) + "\n")
+        record = json.loads((d / "geosharp_model.json").read_text())
+        record["metrics"]["test_error"] = m["metrics"]["test_error"] = 0.999  # a sentinel: must be measured again
+        (d / "geosharp_model.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        old[m["name"]] = lines[i][:64]
+    (out / "population.json").write_text(json.dumps(man, indent=2))
+    assert _run(out, workers=2) == dict(models=cases.POPULATION_MODELS, retrained=2)
+    retrained = cases.jsonl(out / "retrained.jsonl")
+    assert sorted(r["model"] for r in retrained) == sorted(old)
+    for r in retrained:
+        name = r["model"]
+        assert r["old_weights_sha256"] == old[name]
+        assert r["weights_sha256"] == _sha(trained / "models" / name / "model.safetensors")
+        assert _sha(out / "models" / name / "model.safetensors") == r["weights_sha256"]
+        kept = out / "superseded" / f"{name}-{old[name][:16]}"
+        assert json.loads((kept / "geosharp_model.json").read_text())["metrics"]["test_error"] == 0.999
+        new = json.loads((out / "models" / name / "geosharp_model.json").read_text())
+        first = json.loads((trained / "models" / name / "geosharp_model.json").read_text())
+        assert new["metrics"] == first["metrics"] and new["hparams"] == first["hparams"]
+        assert pack.read_sums(out / "models" / name) == pack.model_sums(trained / "models" / name)
+    for name in COMPARED:
+        assert _without_digest(out / name) == _without_digest(piped / name), name
+
+
+def test_an_excluded_model_gets_weights_and_predictions_only(packed, tmp_path):
+    out, ref = tmp_path / "a" / "vit", tmp_path / "b" / "vit"
+    for d in (out, ref):
+        shutil.copytree(packed, d)
+        exclude_model(d, "model_001", "a test")
+    _run(out, workers=1, calibrate=None, evaluations=EVALUATIONS[1:], reliability=None)
+    pack.rebuild_population(ref, workers=1, progress=False)
+    e = dict(EVALUATIONS[1])
+    pop.evaluate_population(ref, rhos=e.pop("rhos"), progress=False, **e)
+    assert _without_digest(out / "results-curvature.jsonl") == _without_digest(ref / "results-curvature.jsonl")
+    assert "model_001" not in (out / "results-curvature.jsonl").read_text()
+    assert "model_001" in {r["model"] for r in cases.jsonl(out / "test_predictions.jsonl")}
+    assert not pack.is_packed(out / "models" / "model_001")
+
+
+def test_the_plan_file_is_parsed_by_the_commands_own_options(tmp_path):
+    from geosharp_ref.cli.population import pipeline_stages
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(PLAN))
+    stages = pipeline_stages(tmp_path / "vit", plan)
+    assert {k: v for k, v in stages["calibrate"].items() if k not in ("threads", "length_buckets")} == \
+        dict(CALIBRATE, probe_rhos=[0.01, 0.03])
+    assert stages["reliability"] == RELIABILITY
+    for got, want in zip(stages["evaluations"], EVALUATIONS):
+        assert {k: got[k] for k in want} == want
+
+
+@pytest.mark.parametrize("plan, match", [
+    ({"evaluate": [["--out", "x"]]}, "gives --out"),
+    ({"evaluate": [["--threads", "2"]]}, "one thread each"),
+    ({"evaluate": [["--rho", "-1"]]}, r"'evaluate'\[0\]: --rho"),
+    ({"evaluate": [["--bogus"]]}, "unrecognized arguments"),
+    ({"calibrate": "--sizes 1e-3"}, "must be a list of option strings"),
+    ({"train": []}, "unknown stages"),
+])
+def test_a_bad_plan_is_one_line_and_writes_nothing(packed, tmp_path, capsys, plan, match):
+    from geosharp_ref.cli import main
+
+    out = tmp_path / "vit"
+    shutil.copytree(packed, out)
+    before = {str(p): p.read_bytes() for p in out.rglob("*")if p.is_file()}
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    assert main(["population", "pipeline", "--out", str(out), "--plan", str(path), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("geosharp: error:") and err.count("\n") == 1
+    import re
+
+    assert re.search(match, err), err
+    assert {str(p): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
