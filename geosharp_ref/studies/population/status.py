@@ -7,7 +7,8 @@ timings only, and returns no value of any result, so it can be run at every sitt
 * **training**: models planned in the manifest, trained (a model directory exists: directories are written
   atomically), ``.tmp-*`` directories (a model in progress, or one left by a killed run), and the median
   training time of a trained model (its record's ``seconds``: the wall time of the worker that trained it), and
-  how many trained models are packed (``geosharp population pack``: their weights are rebuilt when loaded);
+  how many trained models are packed (``geosharp population pack``: their weights are rebuilt when loaded), and
+  how many were retrained by ``population pipeline`` on a machine that did not rebuild them (``retrained.jsonl``);
 * **reliability**: models whose test predictions are written (``test_predictions.jsonl``), and whether
   ``reliability.json`` is written;
 * **calibration**: whether ``calibration.json`` is written, else the finished probe runs of a calibration in
@@ -32,7 +33,7 @@ from .calibration import CALIBRATION, CALIBRATION_UNITS
 from .evaluation import evaluation_grid, read_evaluation_settings, read_results, read_units, settings_digest
 from .exclusion import read_excluded
 from .manifest import MANIFEST, population_files, read_json_object
-from .pack import is_packed
+from .pack import RETRAINED, is_packed
 from .reliability import PREDICTIONS, RELIABILITY
 
 __all__ = ["population_status", "format_status"]
@@ -65,8 +66,9 @@ def _training(out: Path, manifest: dict) -> dict:
                 seconds.append(float(sec))
     tmp = len(list((out / "models").glob(".tmp-*"))) if (out / "models").is_dir() else 0
     med = _median(seconds)
-    return dict(planned=len(models), trained=trained, packed=packed, complete=bool(manifest.get("complete")),
-                in_progress_dirs=tmp,
+    retrained = {r.get("model") for r in read_jsonl(out / RETRAINED) if isinstance(r, dict)} - {None}
+    return dict(planned=len(models), trained=trained, packed=packed, retrained=len(retrained),
+                complete=bool(manifest.get("complete")), in_progress_dirs=tmp,
                 median_seconds_per_model=med,
                 remaining_worker_hours=None if med is None else (len(models) - trained) * med / 3600)
 
@@ -133,6 +135,7 @@ def format_status(status: dict) -> str:
     med = t["median_seconds_per_model"]
     lines = [f"{status['out']} ({status['task']}): {t['trained']} of {t['planned']} models trained"
              + (f" ({t['packed']} packed: rebuilt from their recipes when loaded)" if t["packed"] else "")
+             + (f" ({t['retrained']} retrained on a machine that did not rebuild them)" if t["retrained"] else "")
              + ("" if t["complete"] else ", training not finished")
              + (f"; {t['in_progress_dirs']} in progress or left by a killed run" if t["in_progress_dirs"] else "")
              + ("" if med is None else f"; median {med / 60:.1f} minutes per model (a worker's wall time)")

@@ -36,13 +36,16 @@ def test_status_of_a_population_in_training(trained, tmp_path, capsys):
     (packed / "model.safetensors").unlink()
     man = json.loads((out / "population.json").read_text())
     (out / "population.json").write_text(json.dumps(dict(man, complete=False)))
+    # one model retrained twice by `population pipeline` (two sittings' machines): counted once
+    (out / "retrained.jsonl").write_text("".join(json.dumps(dict(model=names[0], weights_sha256=h)) + "\n"
+                                                 for h in ("1" * 64, "2" * 64)))
     before = _snapshot(out)
     status = population_status(out)
     med = statistics.median(seconds)
     assert status == dict(
         out=str(out), task=man["plan"]["task"],
-        training=dict(planned=4, trained=3, packed=1, complete=False, in_progress_dirs=1, median_seconds_per_model=med,
-                      remaining_worker_hours=med / 3600),
+        training=dict(planned=4, trained=3, packed=1, retrained=1, complete=False, in_progress_dirs=1,
+                      median_seconds_per_model=med, remaining_worker_hours=med / 3600),
         reliability=dict(models_predicted=0, written=False),
         calibration=dict(written=False, probe_runs_finished=0, mean_seconds_per_run=None), evaluations={},
         excluded=[])
@@ -50,8 +53,8 @@ def test_status_of_a_population_in_training(trained, tmp_path, capsys):
     assert main(["population", "status", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert text.strip() == format_status(status)
-    assert "3 of 4 models trained (1 packed: rebuilt from their recipes when loaded), training not finished; " \
-           "1 in progress" in text and "evaluations: none" in text
+    assert "3 of 4 models trained (1 packed: rebuilt from their recipes when loaded) (1 retrained on a machine that " \
+           "did not rebuild them), training not finished; 1 in progress" in text and "evaluations: none" in text
     assert main(["population", "status", "--out", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(status))
     assert _snapshot(out) == before  # nothing written
