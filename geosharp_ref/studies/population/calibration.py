@@ -83,15 +83,16 @@ def calibrated_grid(calibration: dict, measures, sizes=None) -> dict:
     return {m: [float(grid[radius_source(m, grid)][i]) for i in columns] for m in measures}
 
 
-def evaluation_radii(out, measures, rhos=None, calibration: bool = False, sizes=None) -> tuple:
+def evaluation_radii(out, measures, rhos=None, calibration: bool = False, sizes=None,
+                     cal: dict | None = None) -> tuple:
     """``(rhos, sizes)`` an evaluation runs at (``geosharp population evaluate``): ``rhos`` as given, or with
     ``calibration`` the calibrated grid of ``measures`` (:func:`calibrated_grid`, only the columns of ``sizes`` where
-    given) and the target sizes of its columns."""
+    given) and the target sizes of its columns, from ``cal`` (default: ``calibration.json`` of ``out``)."""
     if sizes and not calibration:
         raise ValueError("--sizes picks columns of the calibrated grid; add --calibration (or use --rho)")
     if not calibration:
         return rhos, None
-    cal = read_calibration(out)
+    cal = read_calibration(out) if cal is None else cal
     return calibrated_grid(cal, measures, sizes=sizes), sizes or cal["settings"]["sizes"]
 
 
@@ -160,6 +161,8 @@ def calibrate_population(out, sizes, measures=MEASURES, models: int = 3, batch_s
                                          progress, length_buckets, stamps or {})
         calibration = _fit(settings, measured, probes, sizes)
         calibration.update(models_used=[e["name"] for e in entries], seconds=round(seconds, 1))
+        if stamps:  # the weights each model had (population pipeline): a later retrain leaves the radii as they are
+            calibration["stamps"] = {e["name"]: stamps[e["name"]] for e in entries if e["name"] in stamps}
         write_json_atomic(path, calibration)
         (out / CALIBRATION_UNITS).unlink(missing_ok=True)  # every probe run is in calibration.json now
     return calibration

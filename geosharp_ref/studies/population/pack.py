@@ -30,6 +30,7 @@ line).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import itertools
 import multiprocessing as mp
 import os
@@ -54,7 +55,7 @@ from .training import fit_one, measure_one, write_record
 
 __all__ = ["SUMS", "RECORD", "WEIGHTS", "RETRAINED", "read_sums", "model_sums", "is_packed", "check_packed_models",
            "pack_population", "rebuild_model", "rebuild_population", "weights_digest", "ensure_weights", "cpu_name",
-           "run_in_workers"]
+           "run_in_workers", "restore_swapped", "one_thread"]
 
 SUMS = "SHA256SUMS"
 RECORD = "geosharp_model.json"
@@ -232,12 +233,8 @@ def _refit(out: Path, entry: dict, progress: bool) -> _Refit:
     task = get_task(plan["task"])
     task.prepare(out, plan["data"])
     split = task.load_split(plan["data"], out)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as every population model was trained
-    try:
+    with one_thread():  # as every population model was trained
         model, fitted = fit_one(record["hparams"], split, task, plan["arch"])
-    finally:
-        torch.set_num_threads(threads)
     tmp = out / "models" / f".tmp-rebuild-{entry['name']}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -250,6 +247,18 @@ def _refit(out: Path, entry: dict, progress: bool) -> _Refit:
         raise
     return _Refit(tmp=tmp, got=got, sums=sums, record=record, model=model, fitted=fitted, split=split, task=task,
                   t0=t0)
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Torch runs one thread inside the block (as every population model was trained and measured), the caller's
+    thread count restored after it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _install(tmp: Path, model_dir: Path, sums: dict) -> None:
@@ -278,25 +287,32 @@ def ensure_weights(out, entry: dict, progress: bool = True) -> str:
 
     A model whose files are all here is left as it is. A packed one is trained again from its recipe, once
     (:func:`_refit`): where every file has its recorded SHA-256 (the machine that trained it) the files are
-    installed, as :func:`rebuild_model` does; where they differ (another CPU: amendment 12 of
-    docs/tweets/PROTOCOL.md) the model is *retrained*: its errors are measured on the new weights
-    (:func:`~.training.measure_one`, as training does), and the model directory is replaced whole by one with the
-    new files, a new record (written as training writes it) and a new ``SHA256SUMS``. The old record and sums are
-    kept in ``superseded/NAME-<old digest[:16]>/`` and one line of ``retrained.jsonl`` (name, both digests, the
-    CPU, no metric) says so. The caller syncs the manifest's entry (:func:`.pipeline.sync_manifest_entry`).
-    Two processes that need the same model wait for one another (``models/.rebuild-NAME.lock``)."""
+    installed, as :func:`rebuild_model` does; where the weights (``model.safetensors``) differ (another CPU:
+    amendment 12 of docs/tweets/PROTOCOL.md) the model is *retrained*: its errors are measured on the new weights
+    (:func:`~.training.measure_one` with one thread, as training does), and the model directory is replaced whole by
+    one with the new files, a new record (written as training writes it) and a new ``SHA256SUMS``. The old record
+    and sums are kept in ``superseded/NAME-<first 16 hex digits of the old weights' digest>/`` and one line of
+    ``retrained.jsonl`` (name, both digests, the CPU, no metric) says so. Equal weights with another file differing
+    (a tokenizer or config written by other library versions) are refused, as :func:`rebuild_model` refuses them.
+    The caller syncs the manifest's entry (:func:`.pipeline.sync_manifest_entry`). Two processes that need the same
+    model wait for one another (``models/.rebuild-NAME.lock``)."""
     out = Path(out)
     model_dir = out / entry["dir"]
     with exclusive_lock(out / "models" / f".rebuild-{entry['name']}.lock", wait=True):
-        _restore_swap(out, entry)
+        restore_swapped(out, entry)
         if not is_packed(model_dir):
             return weights_digest(out, entry)
         refit = _refit(out, entry, progress)
         try:
             if refit.got == refit.sums:
                 _install(refit.tmp, model_dir, refit.sums)
-            else:
+            elif refit.got.get(WEIGHTS) != refit.sums.get(WEIGHTS):
                 _retrain(out, entry, refit)
+            else:
+                differ = sorted(n for n in set(refit.got) | set(refit.sums) if refit.got.get(n) != refit.sums.get(n))
+                raise ValueError(f"{entry['name']}: the rebuilt weights have their recorded SHA-256 but {differ} "
+                                 f"differ: these library versions write them otherwise; run with the environment "
+                                 f"that trained the population")
         finally:
             shutil.rmtree(refit.tmp, ignore_errors=True)
     return weights_digest(out, entry)
@@ -306,8 +322,10 @@ def _swap_dir(out: Path, entry: dict) -> Path:
     return out / "models" / f".swap-{entry['name']}"
 
 
-def _restore_swap(out: Path, entry: dict) -> None:
-    """A retrain killed between its two renames left the old (packed) directory aside: put it back."""
+def restore_swapped(out, entry: dict) -> None:
+    """A retrain killed between its two renames left the old (packed) directory aside (``models/.swap-NAME``): put
+    it back (it is retrained again); one killed after them left it beside the new one: remove it."""
+    out = Path(out)
     swap, model_dir = _swap_dir(out, entry), out / entry["dir"]
     if swap.is_dir():
         if model_dir.exists():
@@ -321,7 +339,8 @@ def _retrain(out: Path, entry: dict, refit: _Refit) -> None:
     """Install a refit whose files differ from the recorded ones as a retrained model (see
     :func:`ensure_weights`)."""
     model_dir, tmp = out / entry["dir"], refit.tmp
-    metrics = measure_one(refit.model, refit.split, refit.fitted)
+    with one_thread():
+        metrics = measure_one(refit.model, refit.split, refit.fitted)
     old = read_json_object(model_dir / RECORD, "model's training record", keys=("hparams",))
     record = {k: v for k, v in old.items() if k != "seconds"}
     record["metrics"] = metrics
@@ -333,14 +352,16 @@ def _retrain(out: Path, entry: dict, refit: _Refit) -> None:
     for n in (RECORD, SUMS):
         shutil.copy2(model_dir / n, archive / n)
     fsync_tree(archive)
-    swap = _swap_dir(out, entry)
-    os.replace(model_dir, swap)
-    os.replace(tmp, model_dir)
-    fsync_dir(model_dir.parent)
-    shutil.rmtree(swap, ignore_errors=True)
+    # the line first: a retrain killed after it and before the swap is done again, and writes the same line again
+    # (readers count the distinct pairs of model and new digest)
     append_line(out / RETRAINED, dict(model=entry["name"], old_weights_sha256=refit.sums.get(WEIGHTS),
                                       weights_sha256=refit.got.get(WEIGHTS), cpu=cpu_name(),
                                       torch_cpu_capability=torch.backends.cpu.get_cpu_capability()))
+    swap = _swap_dir(out, entry)
+    os.replace(model_dir, swap)
+    os.replace(tmp, model_dir)  # killed between the two: restore_swapped puts the old directory back
+    fsync_dir(model_dir.parent)
+    shutil.rmtree(swap, ignore_errors=True)
 
 
 def cpu_name() -> str:

@@ -40,12 +40,13 @@ import torch
 from ...distributed import die_with_parent
 from ...io.durable import append_line, exclusive_lock, read_jsonl, write_json_atomic, write_text_atomic
 from .calibration import CALIBRATION, CALIBRATION_UNITS, calibrate_population, evaluation_radii
-from .evaluation import (check_settings_file, evaluate_entry, finalize_results, plan_evaluation, read_results,
-                         read_units, settings_digest, sharpness_batches)
+from .evaluation import (MEASURES, check_settings_file, evaluate_entry, finalize_results, plan_evaluation,
+                         read_results, read_units, settings_digest, sharpness_batches)
 from .exclusion import read_excluded
 from .manifest import MANIFEST, population_files, read_json_object, read_manifest
-from .pack import RECORD, RETRAINED, check_packed_models, ensure_weights, run_in_workers, weights_digest
-from .reliability import PREDICTIONS, RELIABILITY, gap_reliability, predict_model, read_prediction_records, test_split
+from .pack import (RECORD, RETRAINED, check_packed_models, ensure_weights, restore_swapped, run_in_workers,
+                   weights_digest)
+from .reliability import PREDICTIONS, gap_reliability, predict_model, read_prediction_records, test_split
 
 __all__ = ["STAMP", "sync_manifest_entry", "discard_stale", "model_complete", "pipeline_model", "run_pipeline"]
 
@@ -70,21 +71,22 @@ def sync_manifest_entry(out, name: str) -> bool:
     return True
 
 
-def _stamped_files(out: Path, tags) -> list:
-    """Every file holding lines of models the pipeline writes: predictions, probe runs, each evaluation's results,
-    parts and units."""
-    paths = [out / PREDICTIONS, out / CALIBRATION_UNITS]
+def _stamped_files(out: Path, tags=()) -> list:
+    """Every file holding lines of models: predictions, probe runs, and the results, parts and units of every
+    evaluation on disk (``results*.jsonl``, ``results*.parts/``, ``results*.units/``) and of ``tags``."""
+    paths = [out / PREDICTIONS, out / CALIBRATION_UNITS, *sorted(out.glob("results*.jsonl")),
+             *sorted(out.glob("results*.parts/rank*.jsonl")), *sorted(out.glob("results*.units/rank*.jsonl"))]
     for tag in tags:
         f = population_files(tag)
         paths += [out / f["results"], *sorted((out / f["parts"]).glob("rank*.jsonl")),
                   *sorted((out / f["units"]).glob("rank*.jsonl"))]
-    return paths
+    return list(dict.fromkeys(paths))
 
 
-def discard_stale(out, name: str, digest: str, tags) -> int:
+def discard_stale(out, name: str, digest: str, tags=()) -> int:
     """Remove every line of model ``name`` whose ``weights_sha256`` is not ``digest`` (other weights, or none
-    recorded) from the files :func:`_stamped_files` names (each rewritten atomically, under the append lock);
-    returns the number of lines removed."""
+    recorded) from every file :func:`_stamped_files` names (each rewritten atomically, under the append lock), the
+    evaluations not in ``tags`` (on disk from another plan) included; returns the number of lines removed."""
     out, dropped = Path(out), 0
     with exclusive_lock(out / _APPEND_LOCK, wait=True):
         for path in _stamped_files(out, tags):
@@ -207,21 +209,34 @@ def run_pipeline(out, calibrate: dict | None, evaluations: list, reliability: di
     ``evaluations``: one dict per evaluation, in order, with the keyword arguments of
     :func:`~.evaluation.plan_evaluation` (``rhos`` … ``curvature_options``, ``tag``) and, with
     ``calibration: True``, its radii from the calibration (:func:`~.calibration.evaluation_radii`, ``sizes`` its
-    columns); ``reliability``: ``{"splits", "seed"}`` of :func:`~.reliability.gap_reliability`, whose summary
-    goes to ``log`` (a text stream; default ``reliability.log`` beside it, appended). ``workers`` one-thread
-    processes (1: in this process). Returns ``{"models", "retrained"}`` (counts: every model is complete)."""
+    columns); ``reliability``: ``{"splits", "seed"}`` of :func:`~.reliability.gap_reliability`, computed again from
+    the stored predictions whenever every model is complete (its summary goes to ``log``, a text stream; default
+    ``reliability.log`` beside it, appended). ``workers`` one-thread processes (1: in this process). Everything is
+    checked before anything is written: the manifest (complete), every ``SHA256SUMS``, the predictions, an existing
+    calibration against ``calibrate``, and every evaluation's options, radii and existing settings. Returns
+    ``{"models", "retrained"}`` (counts: every model is complete)."""
     out = Path(out)
     manifest = read_manifest(out)  # refuses a population not completely trained
     tags = [e.get("tag", "") for e in evaluations]
     if len(set(tags)) != len(tags):
         raise ValueError(f"two evaluations of the pipeline have the same tag ({tags}); give each its own --tag")
-    check_packed_models(out, manifest)  # every file the pipeline reads, checked before anything is written
-    read_prediction_records(out / PREDICTIONS, len(test_split(out, manifest).y_test))
+    if calibrate is not None and not calibrate.get("models", 3) <= len(manifest["models"]):
+        raise ValueError(f"the calibration's --models {calibrate['models']} exceeds the {len(manifest['models'])} "
+                         f"models of {out}")
+    check_packed_models(out, manifest)
+    read_prediction_records(out / PREDICTIONS, len(test_split(out, manifest).y_test), repair=False)
+    if calibrate is not None and (out / CALIBRATION).is_file():
+        calibrate_population(out, **calibrate, progress=False)  # the same settings, else refused (nothing written)
+    for e in evaluations:
+        _plan(out, manifest, e, calibrate)  # every option and radius checked before anything is written
     with contextlib.ExitStack() as stack:
         busy = f"another `geosharp population pipeline` or `evaluate` is running on {out}; wait for it to finish"
         stack.enter_context(exclusive_lock(out / ".pipeline.lock", busy=busy))
         for tag in tags:
             stack.enter_context(exclusive_lock(out / f".evaluate{'-' + tag if tag else ''}.lock", busy=busy))
+        for entry in manifest["models"]:
+            if "dir" in entry:
+                restore_swapped(out, entry)  # a retrain killed between its two renames
         for stale in (out / "models").glob(".tmp-rebuild-*"):  # left by a killed rebuild or retrain
             shutil.rmtree(stale, ignore_errors=True)
         for path in _stamped_files(out, tags):  # a torn last line, left by a killed run
@@ -235,7 +250,11 @@ def run_pipeline(out, calibrate: dict | None, evaluations: list, reliability: di
                 discard_stale(out, entry["name"], digest, tags)
                 stamps[entry["name"]] = {STAMP: digest}
             calibrate_population(out, **calibrate, progress=progress, stamps=stamps)
-        plans = [_plan(out, manifest, e) for e in evaluations]
+        plans = [_plan(out, manifest, e, calibrate) for e in evaluations]
+        for plan in plans:
+            path = out / population_files(plan["tag"])["config"]
+            if not path.is_file():
+                write_json_atomic(path, plan["config"])
         todo = [m for m in manifest["models"] if not model_complete(out, m, tags, excluded)]
         from tqdm.auto import tqdm
 
@@ -257,11 +276,12 @@ def run_pipeline(out, calibrate: dict | None, evaluations: list, reliability: di
         for tag in tags:
             if finalize_results(out, manifest, tag=tag):
                 shutil.rmtree(out / population_files(tag)["units"], ignore_errors=True)
-        if reliability is not None and not (out / RELIABILITY).is_file():
+        if reliability is not None:  # from the stored predictions (seconds): always those of the weights now
             with contextlib.ExitStack() as logs:
                 stream = log or logs.enter_context(open(out / "reliability.log", "a"))
                 gap_reliability(out, **reliability, progress=False, stream=stream, threads=1)
-    return dict(models=len(manifest["models"]), retrained=len(read_jsonl(out / RETRAINED)))
+    retrained = {(r.get("model"), r.get(STAMP)) for r in read_jsonl(out / RETRAINED) if isinstance(r, dict)}
+    return dict(models=len(manifest["models"]), retrained=len(retrained))
 
 
 def _canonical_predictions(out: Path, manifest: dict) -> None:
@@ -273,16 +293,19 @@ def _canonical_predictions(out: Path, manifest: dict) -> None:
         write_text_atomic(out / PREDICTIONS, text)
 
 
-def _plan(out: Path, manifest: dict, request: dict) -> dict:
-    """The plan of one evaluation (:func:`~.evaluation.plan_evaluation`), its settings written to
-    ``evaluation[-TAG].json`` or checked against the file there."""
+def _plan(out: Path, manifest: dict, request: dict, calibrate: dict | None) -> dict:
+    """The plan of one evaluation (:func:`~.evaluation.plan_evaluation`), checked against its settings file
+    ``evaluation[-TAG].json`` where there is one (nothing written). Before the calibration exists, a calibrated
+    evaluation is checked on a stand-in grid of the calibration to come (its measures and sizes, each radius 1)."""
     request = dict(request)
     calibration, sizes = request.pop("calibration", False), request.pop("sizes", None)
-    rhos, sizes = evaluation_radii(out, request.get("measures"), request.pop("rhos", None), calibration, sizes)
+    cal = None
+    if calibration and not (out / CALIBRATION).is_file() and calibrate is not None:
+        cal = dict(settings=dict(sizes=[float(x) for x in calibrate["sizes"]]),
+                   grid={m: [1.0] * len(calibrate["sizes"]) for m in calibrate.get("measures", MEASURES)})
+    rhos, sizes = evaluation_radii(out, request.get("measures"), request.pop("rhos", None), calibration, sizes, cal)
     plan, _ = plan_evaluation(out, manifest, rhos=rhos, sizes=sizes, **request)
-    files = population_files(plan["tag"])
-    check_settings_file(out / files["config"], plan["config"], out, files)
-    if not (out / files["config"]).is_file():
-        write_json_atomic(out / files["config"], plan["config"])
+    if cal is None:
+        files = population_files(plan["tag"])
+        check_settings_file(out / files["config"], plan["config"], out, files)
     return plan
-

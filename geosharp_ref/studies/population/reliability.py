@@ -95,10 +95,11 @@ def predict_model(out, entry: dict, split, test_error: float, batch_size: int = 
     return pred.tolist()
 
 
-def read_prediction_records(path: Path, n_test: int) -> list:
-    """The complete lines of ``test_predictions.jsonl`` (a torn last line repaired), each checked to be a model's
-    predictions: ``{"model": name, "predictions": [class index per test example]}``."""
-    records = read_jsonl(path, repair=True)
+def read_prediction_records(path: Path, n_test: int, repair: bool = True) -> list:
+    """The complete lines of ``test_predictions.jsonl`` (a torn last line repaired on disk where ``repair``, else
+    only skipped), each checked to be a model's predictions: ``{"model": name, "predictions": [class index per test
+    example]}``."""
+    records = read_jsonl(path, repair=repair)
     for i, r in enumerate(records, start=1):
         preds = r.get("predictions") if isinstance(r, dict) else None
         if not (isinstance(r, dict) and isinstance(r.get("model"), str) and isinstance(preds, list)

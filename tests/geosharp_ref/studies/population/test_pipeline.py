@@ -52,6 +52,7 @@ def _without_digest(path):
                        for r in lines)
     obj = json.loads(path.read_text())
     obj.pop("seconds", None)  # the calibration's time
+    obj.pop("stamps", None)  # the digests of the calibration's models (the pipeline's)
     return obj
 
 
@@ -201,7 +202,13 @@ def test_weights_that_do_not_reproduce_are_retrained_with_their_errors_measured_
         (d / "geosharp_model.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
         old[m["name"]] = lines[i][:64]
     (out / "population.json").write_text(json.dumps(man, indent=2))
+    # and the first one's retrain killed between its two renames: the old directory aside, the new one half written
+    name = man["models"][2]["name"]
+    os.replace(out / "models" / name, out / "models" / f".swap-{name}")
+    (out / "models" / f".tmp-rebuild-{name}-99999").mkdir()
+    (out / "models" / f".tmp-rebuild-{name}-99999" / "config.json").write_text("{")
     assert _run(out, workers=2) == dict(models=cases.POPULATION_MODELS, retrained=2)
+    assert not [p.name for p in (out / "models").iterdir() if p.name.startswith((".swap", ".tmp"))]
     retrained = cases.jsonl(out / "retrained.jsonl")
     assert sorted(r["model"] for r in retrained) == sorted(old)
     for r in retrained:
@@ -217,6 +224,22 @@ def test_weights_that_do_not_reproduce_are_retrained_with_their_errors_measured_
         assert pack.read_sums(out / "models" / name) == pack.model_sums(trained / "models" / name)
     for name in COMPARED:
         assert _without_digest(out / name) == _without_digest(piped / name), name
+
+
+def test_another_calibration_or_a_measure_it_lacks_is_refused_before_anything_is_written(packed, piped, tmp_path):
+    done, fresh = tmp_path / "done" / "vit", tmp_path / "fresh" / "vit"
+    shutil.copytree(piped, done)
+    shutil.copytree(packed, fresh)
+    cases_ = [(done, dict(calibrate=dict(CALIBRATE, n_iter=3)), "holds another calibration"),
+              (fresh, dict(evaluations=[dict(EVALUATIONS[0], measures=["geodesic-inv"])]),
+               r"the calibration has no radii for \['geodesic-inv'\]"),
+              (fresh, dict(evaluations=[dict(EVALUATIONS[0], sizes=[2e-3])]), "size 0.002 was not calibrated"),
+              (fresh, dict(calibrate=dict(CALIBRATE, models=9)), "--models 9 exceeds the 4 models")]
+    for out, kw, match in cases_:
+        before = {str(p): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+        with pytest.raises(ValueError, match=match):
+            _run(out, workers=1, **kw)
+        assert {str(p): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
 def test_an_excluded_model_gets_weights_and_predictions_only(packed, tmp_path):
