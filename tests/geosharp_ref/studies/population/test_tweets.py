@@ -564,3 +564,72 @@ def test_report_puts_a_failed_reliability_beside_every_table(tmp_path):
     assert len(captions) == 1 + 4  # the top, H1, H2, H3/H4, curvature (nothing excluded: no sensitivity table)
     assert "| size=0.001 | geodesic-mix | +0.100 | [-0.100, +0.300] | +0.100 | [-0.100, +0.300] | 1.01e-03 |" in text
     assert "primary analysis above is the sensitivity analysis" in text
+
+
+def test_the_pipeline_on_the_tweets_task_writes_what_its_stages_write(tiny_checkpoint, tiny_corpus, tmp_path,
+                                                                      monkeypatch):
+    """`population pipeline` on the tweets task (tokenizer files, length buckets, a MiniLM-like encoder's attention
+    pairs), with one packed model whose weights do not reproduce (its sum damaged, a sentinel test error planted):
+    retrained with its errors measured again, and every file equal to the stages' run one after another on a clean
+    copy (rebuild, reliability, calibrate, evaluate), the weights' digests set aside."""
+    import io
+
+    import geosharp_ref.studies.population.evaluation as evaluation
+    import geosharp_ref.studies.population.pack as pack
+    import geosharp_ref.studies.population.reliability as reliability
+    import geosharp_ref.studies.population.training as training
+    from geosharp_ref.studies.population.calibration import calibrate_population, evaluation_radii
+    from geosharp_ref.studies.population.pipeline import STAMP, run_pipeline
+
+    task = _tiny_task(tiny_checkpoint, tiny_corpus)
+    real = TweetsRecipesTask.sample_hparams
+    monkeypatch.setattr(TweetsRecipesTask, "sample_hparams",
+                        lambda self, i, seed=0, e=None, t=None: {**real(self, i, seed), "epochs": 1, "batch_size": 4})
+    for mod in (training, pack, evaluation, reliability):
+        monkeypatch.setattr(mod, "get_task", lambda name: task if name == task.name else get_task(name))
+    man = train_population(tmp_path / "trained", n_models=3, workers=1, progress=False, task=task)
+    pack.pack_population(tmp_path / "trained", tmp_path / "pack")
+    piped, stages = tmp_path / "piped", tmp_path / "stages"
+    shutil.copytree(tmp_path / "pack", piped)
+    shutil.copytree(tmp_path / "pack", stages)
+    d = piped / "models" / "model_002"
+    sums = (d / "SHA256SUMS").read_text().splitlines()
+    i = next(i for i, line in enumerate(sums) if line.endswith("model.safetensors"))
+    sums[i] = ("0" if sums[i][0] != "0" else "1") + sums[i][1:]
+    (d / "SHA256SUMS").write_text("\n".join(sums) + "\n")
+    record = json.loads((d / "geosharp_model.json").read_text())
+    record["metrics"]["test_error"] = 0.999
+    (d / "geosharp_model.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    calibrate = dict(sizes=[1e-3], measures=["adaptive", "geodesic-inv"], models=2, batch_size=4,
+                     probe_rhos=[0.01, 0.03], n_iter=2, length_buckets=2)
+    evaluations = [dict(calibration=True, measures=["adaptive", "geodesic-inv", "adaptive-linearised"], n_batches=2,
+                        batch_size=4, n_iter=2, length_buckets=2, tag=""),
+                   dict(rhos=[1.0], measures=["hessian-trace-inv"], n_batches=1, batch_size=4, length_buckets=2,
+                        tag="curvature", curvature_options=dict(probes=2, steps=None, trace_method=None))]
+    assert run_pipeline(piped, calibrate, evaluations, dict(splits=5, seed=0), workers=1, progress=False,
+                        log=io.StringIO()) == dict(models=3, retrained=1)
+    pack.rebuild_population(stages, workers=1, progress=False)
+    reliability.gap_reliability(stages, splits=5, seed=0, progress=False, stream=io.StringIO())
+    calibrate_population(stages, **calibrate, progress=False)
+    for e in evaluations:
+        e = dict(e)
+        rhos, sizes = evaluation_radii(stages, e["measures"], e.pop("rhos", None), e.pop("calibration", False))
+        evaluation.evaluate_population(stages, rhos=rhos, sizes=sizes, progress=False, **e)
+
+    def without_digest(path):
+        if path.suffix == ".jsonl":
+            return [{k: v for k, v in json.loads(line).items() if k != STAMP}
+                    for line in path.read_text().splitlines()]
+        return {k: v for k, v in json.loads(path.read_text()).items() if k not in ("seconds", "stamps")}
+
+    for name in ("calibration.json", "evaluation.json", "evaluation-curvature.json", "results.jsonl",
+                 "results-curvature.jsonl", "test_predictions.jsonl", "reliability.json", "population.json"):
+        assert without_digest(piped / name) == without_digest(stages / name), name
+    retrained = json.loads((piped / "models" / "model_002" / "geosharp_model.json").read_text())
+    assert retrained["metrics"] == man["models"][2]["metrics"] and retrained["metrics"]["test_error"] != 0.999
+    assert {k: v for k, v in retrained.items() if k != "seconds"} == {
+        k: v for k, v in json.loads((tmp_path / "trained" / "models" / "model_002" / "geosharp_model.json")
+                                    .read_text()).items() if k != "seconds"}
+    for f in (tmp_path / "trained" / "models" / "model_002").iterdir():  # weights, config, tokenizer files
+        if f.name != "geosharp_model.json":
+            assert (piped / "models" / "model_002" / f.name).read_bytes() == f.read_bytes(), f.name
