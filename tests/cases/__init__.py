@@ -50,7 +50,8 @@ from .bindings import (BINDING_CASES, BINDING_KINDS, BINDING_NAMES, DECLARED_LOR
                        BuiltBindingCase, build_binding_case, output_at, scale_first_block, scale_first_parameter)
 from .files import (POPULATION_EVAL, POPULATION_EVAL_ARGS, POPULATION_MODELS, POPULATION_TRAIN, copy_population,
                     Killed, assert_refused_and_nothing_written, cli_error_line, count_measure_runs, jsonl,
-                    quiet_transformers, save_bert_backbone, save_bin, save_llama_and_lm_data, subprocess_env)
+                    kill_after_lines, quiet_transformers, save_bert_backbone, save_bin, save_llama_and_lm_data,
+                    subprocess_env)
 from .inputs import (bert_inputs, cat, mlp_batch64, pixels_batch64, text_batch64, clip_images, clip_loss, forward, hidden_kw, ids, lm_loss, params_of, pixels,
                      random_gl, text_inputs)
 from .models import (CLIP_SOUP_SMALL, DT, IR, ROOT, SMALL, GQAAttention, GQANet, MHAClassifier, MHACross,
@@ -85,7 +86,7 @@ __all__ = [
     "build_binding_case", "output_at", "scale_first_block", "scale_first_parameter", "DECLARED_LORA", "DECLARED_QK",
     # files
     "save_bin", "POPULATION_MODELS", "POPULATION_TRAIN", "POPULATION_EVAL", "POPULATION_EVAL_ARGS",
-    "copy_population", "jsonl", "subprocess_env", "save_bert_backbone", "save_llama_and_lm_data", "quiet_transformers",
+    "copy_population", "jsonl", "subprocess_env", "kill_after_lines", "save_bert_backbone", "save_llama_and_lm_data", "quiet_transformers",
     "assert_refused_and_nothing_written", "cli_error_line",
     # reference
     "trust_region_max", "rel_error", "dense_horizontal_hessian", "DENSE_TOL",

@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import torch
@@ -149,3 +152,26 @@ def cli_error_line(capsys, argv) -> str:
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("geosharp: error: "), (rc, err)
     return err[0]
+
+
+def kill_after_lines(cmd, path, lines: int = 1, timeout: float = 240, group: bool = False) -> int:
+    """Run ``cmd`` (a population command) and SIGKILL it (with ``group``, its whole process group: its workers too)
+    once ``path`` holds ``lines`` complete lines; returns the number of lines then. Fails if it ends first."""
+    proc = subprocess.Popen(cmd, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=group)
+    kill = (lambda: os.killpg(proc.pid, signal.SIGKILL)) if group else proc.kill
+    path = Path(path)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and proc.poll() is None:
+            if path.is_file() and path.read_bytes().count(b"\n") >= lines:
+                break
+            time.sleep(0.01)
+        assert proc.poll() is None, f"{cmd[3:5]} ended before it could be killed"
+        kill()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            kill()
+    assert proc.returncode == -signal.SIGKILL
+    return path.read_bytes().count(b"\n")

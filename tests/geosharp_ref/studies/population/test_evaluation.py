@@ -2,11 +2,8 @@
 (torn last line, a real SIGKILL), torchrun/gloo ranks identical to one process, tagged ablations equal
 to direct geodesic_sharpness calls."""
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -59,21 +56,7 @@ def test_sigkill_and_resume(reference, tmp_path):
     out = cases.copy_population(reference, tmp_path)
     cmd = [sys.executable, "-m", "geosharp_ref.cli", "population", "evaluate", "--out", str(out)] + EVAL_ARGS
     results = out / "results.jsonl"
-    proc = subprocess.Popen(cmd, env=cases.subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            if results.is_file() and results.read_bytes().count(b"\n") >= 1:
-                break
-            time.sleep(0.01)
-        assert proc.poll() is None, "evaluation ended before it could be killed"
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == -signal.SIGKILL
-    done = results.read_bytes().count(b"\n")
+    done = cases.kill_after_lines(cmd, results, timeout=120)
     assert 1 <= done < N_MODELS
     r = subprocess.run(cmd, env=cases.subprocess_env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr

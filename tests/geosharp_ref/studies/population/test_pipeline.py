@@ -6,10 +6,8 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -126,22 +124,7 @@ def test_a_killed_pipeline_resumes_to_the_same_bytes(packed, piped, tmp_path):
     plan.write_text(json.dumps(PLAN))
     cmd = [sys.executable, "-m", "geosharp_ref.cli", "population", "pipeline", "--out", str(out), "--plan", str(plan),
            "--workers", "2", "--no-progress"]
-    proc = subprocess.Popen(cmd, env=cases.subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    results = out / "results.jsonl"
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and proc.poll() is None:
-            if results.is_file() and results.read_bytes().count(b"\n") >= 1:
-                break
-            time.sleep(0.01)
-        assert proc.poll() is None, "the pipeline ended before it could be killed"
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == -signal.SIGKILL and 1 <= len(cases.jsonl(results)) < cases.POPULATION_MODELS
+    assert 1 <= cases.kill_after_lines(cmd, out / "results.jsonl", group=True) < cases.POPULATION_MODELS
     r = subprocess.run(cmd, env=cases.subprocess_env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     for name in COMPARED:
