@@ -39,9 +39,10 @@ import torch
 
 from ...distributed import die_with_parent
 from ...io.durable import append_line, exclusive_lock, read_jsonl, write_json_atomic, write_text_atomic
-from .calibration import CALIBRATION, CALIBRATION_UNITS, calibrate_population, evaluation_radii
-from .evaluation import (MEASURES, check_settings_file, evaluate_entry, finalize_results, plan_evaluation,
-                         read_results, read_units, settings_digest, sharpness_batches)
+from .calibration import (CALIBRATION, CALIBRATION_UNITS, calibrate_population, evaluation_radii,
+                          read_probe_units)
+from .evaluation import (MEASURES, check_bucketable, check_settings_file, evaluate_entry, finalize_results,
+                         plan_evaluation, read_results, read_units, settings_digest, sharpness_batches)
 from .exclusion import read_excluded
 from .manifest import MANIFEST, population_files, read_json_object, read_manifest
 from .pack import (RECORD, RETRAINED, check_packed_models, ensure_weights, restore_swapped, run_in_workers,
@@ -71,31 +72,60 @@ def sync_manifest_entry(out, name: str) -> bool:
     return True
 
 
-def _stamped_files(out: Path, tags=()) -> list:
-    """Every file holding lines of models: predictions, probe runs, and the results, parts and units of every
-    evaluation on disk (``results*.jsonl``, ``results*.parts/``, ``results*.units/``) and of ``tags``."""
-    paths = [out / PREDICTIONS, out / CALIBRATION_UNITS, *sorted(out.glob("results*.jsonl")),
-             *sorted(out.glob("results*.parts/rank*.jsonl")), *sorted(out.glob("results*.units/rank*.jsonl"))]
+def _owned_files(out: Path, tags) -> list:
+    """The files whose lines of a model the pipeline writes: predictions, probe runs, and the results, parts and
+    units of its evaluations ``tags``."""
+    paths = [out / PREDICTIONS, out / CALIBRATION_UNITS]
     for tag in tags:
         f = population_files(tag)
         paths += [out / f["results"], *sorted((out / f["parts"]).glob("rank*.jsonl")),
                   *sorted((out / f["units"]).glob("rank*.jsonl"))]
-    return list(dict.fromkeys(paths))
+    return paths
 
 
-def discard_stale(out, name: str, digest: str, tags=()) -> int:
-    """Remove every line of model ``name`` whose ``weights_sha256`` is not ``digest`` (other weights, or none
-    recorded) from every file :func:`_stamped_files` names (each rewritten atomically, under the append lock), the
-    evaluations not in ``tags`` (on disk from another plan) included; returns the number of lines removed."""
+def _other_files(out: Path, tags) -> list:
+    """The results, parts and units of every other evaluation on disk (``results-TAG*``, run by hand or by another
+    plan)."""
+    owned = set(_owned_files(out, tags))
+    paths = [*sorted(out.glob("results*.jsonl")), *sorted(out.glob("results*.parts/rank*.jsonl")),
+             *sorted(out.glob("results*.units/rank*.jsonl"))]
+    return [p for p in paths if p not in owned]
+
+
+def _other_tags(out: Path, tags) -> list:
+    """The tags of the other evaluations on disk (their settings, results, parts or units)."""
+    found = {p.name.split(".")[0] for p in [*out.glob("results*"), *out.glob("evaluation*.json")]}
+    names = {n.removeprefix("results").removeprefix("evaluation") for n in found}
+    return sorted({n[1:] if n.startswith("-") else n for n in names} - set(tags))
+
+
+def discard_stale(out, name: str, digest: str, tags=(), retrained: bool = False) -> int:
+    """Remove the lines of model ``name`` that belong to other weights (each file rewritten atomically, under the
+    append lock); returns the number of lines removed. In the pipeline's own files (predictions, probe runs, the
+    evaluations ``tags``) that is every line whose ``weights_sha256`` is not ``digest`` (other weights, or none
+    recorded). In every other evaluation on disk it is a line with another ``weights_sha256`` and, where the model
+    was just ``retrained``, also a line with none (measured by hand on the weights before): a record of the
+    weights it has now, or of unknown weights it may have now, is left alone."""
     out, dropped = Path(out), 0
     with exclusive_lock(out / _APPEND_LOCK, wait=True):
-        for path in _stamped_files(out, tags):
+        for path, strict in [*((p, True) for p in _owned_files(out, tags)),
+                             *((p, retrained) for p in _other_files(out, tags))]:
             lines = read_jsonl(path, repair=True)
-            keep = [r for r in lines if not (isinstance(r, dict) and r.get("model") == name and r.get(STAMP) != digest)]
+            keep = [r for r in lines if not (isinstance(r, dict) and r.get("model") == name and r.get(STAMP) != digest
+                                             and (strict or STAMP in r))]
             if len(keep) < len(lines):
                 write_text_atomic(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
                 dropped += len(lines) - len(keep)
     return dropped
+
+
+def _ensure(out: Path, entry: dict, tags, progress: bool) -> str:
+    """:func:`~.pack.ensure_weights`, then :func:`sync_manifest_entry` and :func:`discard_stale`; the digest."""
+    before = weights_digest(out, entry)
+    digest = ensure_weights(out, entry, progress)
+    sync_manifest_entry(out, entry["name"])
+    discard_stale(out, entry["name"], digest, tags, retrained=digest != before)
+    return digest
 
 
 def _append(out: Path, path: Path, record: dict) -> None:
@@ -140,9 +170,7 @@ def pipeline_model(out, name: str, plans: list, progress: bool = False) -> str:
     tags, excluded = [p["tag"] for p in plans], read_excluded(out)
     if model_complete(out, entry, tags, excluded):
         return name
-    digest = ensure_weights(out, entry, progress)
-    sync_manifest_entry(out, name)
-    discard_stale(out, name, digest, tags)
+    digest = _ensure(out, entry, tags, progress)
     metrics = read_json_object(out / entry["dir"] / RECORD, "model's training record", keys=("metrics",))["metrics"]
     if not _predicted(out, name, digest):
         split = _cached(("split", str(out)), lambda: test_split(out, manifest))
@@ -213,42 +241,44 @@ def run_pipeline(out, calibrate: dict | None, evaluations: list, reliability: di
     the stored predictions whenever every model is complete (its summary goes to ``log``, a text stream; default
     ``reliability.log`` beside it, appended). ``workers`` one-thread processes (1: in this process). Everything is
     checked before anything is written: the manifest (complete), every ``SHA256SUMS``, the predictions, an existing
-    calibration against ``calibrate``, and every evaluation's options, radii and existing settings. Returns
-    ``{"models", "retrained"}`` (counts: every model is complete)."""
+    calibration against ``calibrate`` (else its probe runs and batch), and every evaluation's options, radii and
+    existing settings. Returns ``{"models", "retrained"}`` (counts: every model is complete; retrained: those whose
+    weights now are a retrain's, ``retrained.jsonl``)."""
     out = Path(out)
     manifest = read_manifest(out)  # refuses a population not completely trained
     tags = [e.get("tag", "") for e in evaluations]
     if len(set(tags)) != len(tags):
         raise ValueError(f"two evaluations of the pipeline have the same tag ({tags}); give each its own --tag")
-    if calibrate is not None and not calibrate.get("models", 3) <= len(manifest["models"]):
-        raise ValueError(f"the calibration's --models {calibrate['models']} exceeds the {len(manifest['models'])} "
-                         f"models of {out}")
+    n_cal = None if calibrate is None else calibrate.get("models", 3)
+    if n_cal is not None and not n_cal <= len(manifest["models"]):
+        raise ValueError(f"the calibration's --models {n_cal} exceeds the {len(manifest['models'])} models of {out}")
     check_packed_models(out, manifest)
     read_prediction_records(out / PREDICTIONS, len(test_split(out, manifest).y_test), repair=False)
     if calibrate is not None and (out / CALIBRATION).is_file():
         calibrate_population(out, **calibrate, progress=False)  # the same settings, else refused (nothing written)
+    elif calibrate is not None:  # what the calibration reads, checked before the weights of its models are ensured
+        read_probe_units(out, "")
+        check_bucketable(sharpness_batches(manifest, 1, calibrate.get("batch_size", 32), out),
+                         calibrate.get("length_buckets"))
     for e in evaluations:
         _plan(out, manifest, e, calibrate)  # every option and radius checked before anything is written
     with contextlib.ExitStack() as stack:
         busy = f"another `geosharp population pipeline` or `evaluate` is running on {out}; wait for it to finish"
         stack.enter_context(exclusive_lock(out / ".pipeline.lock", busy=busy))
-        for tag in tags:
+        for tag in tags + _other_tags(out, tags):  # the other evaluations' files are rewritten too (discard_stale)
             stack.enter_context(exclusive_lock(out / f".evaluate{'-' + tag if tag else ''}.lock", busy=busy))
         for entry in manifest["models"]:
             if "dir" in entry:
                 restore_swapped(out, entry)  # a retrain killed between its two renames
         for stale in (out / "models").glob(".tmp-rebuild-*"):  # left by a killed rebuild or retrain
             shutil.rmtree(stale, ignore_errors=True)
-        for path in _stamped_files(out, tags):  # a torn last line, left by a killed run
+        for path in _owned_files(out, tags) + _other_files(out, tags):  # a torn last line, left by a killed run
             read_jsonl(path, repair=True)
         excluded = read_excluded(out)
         if calibrate is not None and not (out / CALIBRATION).is_file():
             stamps = {}
-            for entry in manifest["models"][:calibrate.get("models", 3)]:
-                digest = ensure_weights(out, entry, progress)
-                sync_manifest_entry(out, entry["name"])
-                discard_stale(out, entry["name"], digest, tags)
-                stamps[entry["name"]] = {STAMP: digest}
+            for entry in manifest["models"][:n_cal]:
+                stamps[entry["name"]] = {STAMP: _ensure(out, entry, tags, progress)}
             calibrate_population(out, **calibrate, progress=progress, stamps=stamps)
         plans = [_plan(out, manifest, e, calibrate) for e in evaluations]
         for plan in plans:
@@ -280,7 +310,8 @@ def run_pipeline(out, calibrate: dict | None, evaluations: list, reliability: di
             with contextlib.ExitStack() as logs:
                 stream = log or logs.enter_context(open(out / "reliability.log", "a"))
                 gap_reliability(out, **reliability, progress=False, stream=stream, threads=1)
-    retrained = {(r.get("model"), r.get(STAMP)) for r in read_jsonl(out / RETRAINED) if isinstance(r, dict)}
+    lines = {(r.get("model"), r.get(STAMP)) for r in read_jsonl(out / RETRAINED) if isinstance(r, dict)}
+    retrained = [m for m in manifest["models"] if "dir" in m and (m["name"], weights_digest(out, m)) in lines]
     return dict(models=len(manifest["models"]), retrained=len(retrained))
 
 
@@ -301,11 +332,17 @@ def _plan(out: Path, manifest: dict, request: dict, calibrate: dict | None) -> d
     calibration, sizes = request.pop("calibration", False), request.pop("sizes", None)
     cal = None
     if calibration and not (out / CALIBRATION).is_file() and calibrate is not None:
+        measures = [m for m in calibrate.get("measures", MEASURES) if not m.endswith("-linearised")]  # as calibrated
         cal = dict(settings=dict(sizes=[float(x) for x in calibrate["sizes"]]),
-                   grid={m: [1.0] * len(calibrate["sizes"]) for m in calibrate.get("measures", MEASURES)})
+                   grid={m: [1.0] * len(calibrate["sizes"]) for m in measures})
     rhos, sizes = evaluation_radii(out, request.get("measures"), request.pop("rhos", None), calibration, sizes, cal)
     plan, _ = plan_evaluation(out, manifest, rhos=rhos, sizes=sizes, **request)
+    files = population_files(plan["tag"])
     if cal is None:
-        files = population_files(plan["tag"])
         check_settings_file(out / files["config"], plan["config"], out, files)
+    elif (out / files["config"]).is_file():  # the radii are not known yet: every other setting must agree
+        old = read_json_object(out / files["config"], "evaluation settings")
+        if {k: v for k, v in old.items() if k != "rho_grid"} != {k: v for k, v in plan["config"].items()
+                                                                 if k != "rho_grid"}:
+            check_settings_file(out / files["config"], plan["config"], out, files)  # refused, naming both
     return plan

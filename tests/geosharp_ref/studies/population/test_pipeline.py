@@ -104,6 +104,9 @@ def test_the_pipeline_writes_what_the_stages_write(stages, piped, trained):
         lines = cases.jsonl(piped / name)
         assert len(lines) == len(digests) and all(r[pipeline.STAMP] == digests[r["model"]] for r in lines)
     assert not (piped / "results.units").exists() and not (piped / "retrained.jsonl").exists()
+    # the calibration records the weights of the models it was fitted on
+    stamps = json.loads((piped / "calibration.json").read_text())["stamps"]
+    assert stamps == {n: {pipeline.STAMP: digests[n]} for n in ("model_000", "model_001")}
     assert not list((piped / "models").glob(".tmp-*"))
 
 
@@ -152,16 +155,62 @@ def test_a_line_of_other_weights_is_measured_again_and_nothing_else(piped, tmp_p
         assert (out / name).read_text() == (piped / name).read_text(), name
 
 
-def test_discard_stale_drops_only_that_models_other_digests(tmp_path):
+def test_discard_stale_drops_only_that_models_lines_of_other_weights(tmp_path):
+    """In the pipeline's own files (predictions, probe runs, its evaluation "x") every line of the model without its
+    digest goes; in another evaluation on disk ("y", run by hand) only a line with another digest, and a line with
+    none only where the model was just retrained."""
     out = tmp_path / "vit"
-    (out / "results-x.units").mkdir(parents=True)
     rows = [dict(model="a", weights_sha256="1", v=1), dict(model="a", weights_sha256="2", v=2),
             dict(model="a", v=3), dict(model="b", weights_sha256="2", v=4)]
-    for path in (out / "test_predictions.jsonl", out / "results-x.jsonl", out / "results-x.units" / "rank0.jsonl"):
-        path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
-    assert pipeline.discard_stale(out, "a", "1", ["x"]) == 6  # two lines of "a" in each of three files
-    for path in (out / "test_predictions.jsonl", out / "results-x.jsonl", out / "results-x.units" / "rank0.jsonl"):
-        assert [r["v"] for r in cases.jsonl(path)] == [1, 4]
+    owned = [out / "test_predictions.jsonl", out / "calibration.units.jsonl", out / "results-x.jsonl",
+             out / "results-x.parts" / "rank1.jsonl", out / "results-x.units" / "rank0.jsonl"]
+    other = [out / "results-y.jsonl", out / "results-y.parts" / "rank0.jsonl", out / "results-y.units" / "rank0.jsonl"]
+
+    def write():
+        for path in owned + other:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+
+    write()
+    assert pipeline.discard_stale(out, "a", "1", ["x"]) == 2 * len(owned) + len(other)
+    assert all([r["v"] for r in cases.jsonl(p)] == [1, 4] for p in owned)
+    assert all([r["v"] for r in cases.jsonl(p)] == [1, 3, 4] for p in other)
+    write()
+    assert pipeline.discard_stale(out, "a", "1", ["x"], retrained=True) == 2 * len(owned + other)
+    assert all([r["v"] for r in cases.jsonl(p)] == [1, 4] for p in owned + other)
+
+
+def test_a_retrain_measures_with_one_thread_and_equal_weights_with_another_file_are_refused(packed, tmp_path,
+                                                                                           monkeypatch):
+    out = tmp_path / "vit"
+    shutil.copytree(packed, out)
+    man = json.loads((out / "population.json").read_text())
+    for m, damaged in zip(man["models"][:2], ("model.safetensors", "config.json")):
+        lines = (out / m["dir"] / "SHA256SUMS").read_text().splitlines()
+        i = next(i for i, line in enumerate(lines) if line.endswith(damaged))
+        lines[i] = ("0" if lines[i][0] != "0" else "1") + lines[i][1:]
+        (out / m["dir"] / "SHA256SUMS").write_text("\n".join(lines) + "\n")
+    threads, real = [], pack.measure_one
+    monkeypatch.setattr(pack, "measure_one", lambda *a: threads.append(torch.get_num_threads()) or real(*a))
+    torch.set_num_threads(2)
+    try:
+        digest = pack.ensure_weights(out, man["models"][0], progress=False)
+        assert threads == [1] and torch.get_num_threads() == 2
+        assert digest == _sha(out / "models" / "model_000" / "model.safetensors")
+        with pytest.raises(ValueError, match=r"model_001: the rebuilt weights have their recorded SHA-256 but "
+                                             r"\['config.json'\] differ"):
+            pack.ensure_weights(out, man["models"][1], progress=False)
+    finally:
+        torch.set_num_threads(1)
+    assert pack.is_packed(out / "models" / "model_001") and threads == [1]
+
+
+def test_the_reliability_is_computed_again_from_the_stored_predictions(piped, tmp_path):
+    out = tmp_path / "vit"
+    shutil.copytree(piped, out)
+    (out / "reliability.json").write_text('{"models": 0}\n')  # e.g. written before a model was retrained
+    _run(out, workers=1)
+    assert (out / "reliability.json").read_text() == (piped / "reliability.json").read_text()
 
 
 def test_weights_that_do_not_reproduce_are_retrained_with_their_errors_measured_again(packed, trained, piped,
@@ -217,8 +266,14 @@ def test_another_calibration_or_a_measure_it_lacks_is_refused_before_anything_is
               (fresh, dict(evaluations=[dict(EVALUATIONS[0], measures=["geodesic-inv"])]),
                r"the calibration has no radii for \['geodesic-inv'\]"),
               (fresh, dict(evaluations=[dict(EVALUATIONS[0], sizes=[2e-3])]), "size 0.002 was not calibrated"),
-              (fresh, dict(calibrate=dict(CALIBRATE, models=9)), "--models 9 exceeds the 4 models")]
+              (fresh, dict(calibrate=dict(CALIBRATE, models=9)), "--models 9 exceeds the 4 models"),
+              (fresh, dict(evaluations=[EVALUATIONS[0], dict(EVALUATIONS[1], measures=["no-such"])]),
+               r"unknown measures \['no-such'\]")]
+    # last: settings of an earlier evaluation that differ in more than the radii still to be calibrated
+    cases_.append((fresh, {}, "holds other evaluation settings"))
     for out, kw, match in cases_:
+        if match == "holds other evaluation settings":
+            (fresh / "evaluation.json").write_text(json.dumps(dict(measures=["adaptive"], iters=99)))
         before = {str(p): p.read_bytes() for p in out.rglob("*") if p.is_file()}
         with pytest.raises(ValueError, match=match):
             _run(out, workers=1, **kw)
