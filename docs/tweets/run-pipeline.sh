@@ -43,8 +43,8 @@ if [ -n "$dirty" ]; then
 fi
 # amendment 13's code (population pipeline: weights, predictions and measures per model on one machine, each line
 # keyed by the SHA-256 of its weights), with amendment 12's (radii up to 100, an underflowing weight immovable)
-if ! git -C /work/pop-eval merge-base --is-ancestor 3562a1f6805486a22fd2fed30c3e9edd94853bc1 HEAD; then
-    echo "run-pipeline.sh: /work/pop-eval is older than amendment 13's code (3562a1f); create it at a" \
+if ! git -C /work/pop-eval merge-base --is-ancestor 3e38c19e279957e244558ceb7245f6541f8a7c70 HEAD; then
+    echo "run-pipeline.sh: /work/pop-eval is older than amendment 13's code (3e38c19); create it at a" \
         "later commit" >&2
     exit 2
 fi
