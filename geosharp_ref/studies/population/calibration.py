@@ -136,7 +136,7 @@ def calibrate_population(out, sizes, measures=MEASURES, models: int = 3, batch_s
     unknown = sorted(set(measures) - set(NAMED_MEASURES))
     if unknown:
         raise ValueError(f"unknown measures {unknown}; choose from {list(NAMED_MEASURES)}")
-    manifest = read_manifest(out)
+    manifest = read_manifest(out, trained=False)  # only its first `models` models need be trained
     if models < 1 or models > len(manifest["models"]):
         raise ValueError(f"--models must lie in [1, {len(manifest['models'])}], got {models}")
     settings = dict(sizes=sizes, measures=measures, models=models, batch_size=batch_size, probe_rhos=probes,
@@ -147,6 +147,10 @@ def calibrate_population(out, sizes, measures=MEASURES, models: int = 3, batch_s
     done = _existing_calibration(out, settings)
     if done is not None:
         return done
+    untrained = [m["name"] for m in manifest["models"][:models] if "dir" in m and not (out / m["dir"]).is_dir()]
+    if untrained:
+        raise ValueError(f"the calibration's models {untrained} are not trained yet; let `geosharp population train "
+                         f"--out {out}` train them (or run `geosharp population pipeline`, which trains them first)")
     read_probe_units(out, settings_digest(settings))  # a damaged units file is refused before anything is written
     check_packed_models(out, manifest)  # and so is a packed model's damaged SHA256SUMS
     (batch,) = sharpness_batches(manifest, 1, batch_size, out)

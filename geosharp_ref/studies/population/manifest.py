@@ -87,7 +87,9 @@ def check_manifest_entries(path, man: dict, fix: str) -> None:
                 raise ValueError(f"{where} ({m['name']!r}) has no finite metrics.gap; {fix}")
 
 
-def read_manifest(out) -> dict:
+def read_manifest(out, trained: bool = True) -> dict:
+    """The population manifest of ``out``, checked; a population whose training has not finished is refused
+    unless ``trained`` is false (the per-model pipeline and the calibration need only the models they use)."""
     path = Path(out) / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist; run `geosharp population train --out {out}` first")
@@ -103,7 +105,7 @@ def read_manifest(out) -> dict:
         raise ValueError(f"the population in {out} has no models; train one with `geosharp population train "
                          f"--out {out} --models N` (N ≥ 3 for a correlation)")
     check_manifest_entries(path, man, f"restore it, or delete {out} and train (or import) again")
-    if not man.get("complete"):
+    if trained and not man.get("complete"):
         raise ValueError(f"population in {out} is not completely trained; rerun `geosharp population train "
                          f"--out {out}` (it resumes)")
     return man

@@ -40,6 +40,7 @@ import shutil
 import signal
 import sys
 import time
+import warnings
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
@@ -51,7 +52,7 @@ from ...io.models import quiet_transformers
 from .manifest import MANIFEST, read_json_object, read_manifest
 from .tasks import get_task
 from .text import TOKENIZED
-from .training import fit_one, measure_one, write_record
+from .training import fit_one, measure_one, train_model_dir, write_record
 
 __all__ = ["SUMS", "RECORD", "WEIGHTS", "RETRAINED", "read_sums", "model_sums", "is_packed", "check_packed_models",
            "pack_population", "rebuild_model", "rebuild_population", "weights_digest", "ensure_weights", "cpu_name",
@@ -283,9 +284,11 @@ def weights_digest(out, entry: dict) -> str:
 
 
 def ensure_weights(out, entry: dict, progress: bool = True) -> str:
-    """The weights of a trained model on this machine, and their SHA-256 (:func:`weights_digest`).
+    """The weights of a model on this machine, and their SHA-256 (:func:`weights_digest`).
 
-    A model whose files are all here is left as it is. A packed one is trained again from its recipe, once
+    A model not trained yet (no directory) is trained now with one thread (:func:`~.training.train_model_dir`, as
+    ``population train`` trains it; the caller holds the population's ``.train.lock``). A model whose files are all
+    here is left as it is. A packed one is trained again from its recipe, once
     (:func:`_refit`): where every file has its recorded SHA-256 (the machine that trained it) the files are
     installed, as :func:`rebuild_model` does; where the weights (``model.safetensors``) differ (another CPU:
     amendment 12 of docs/tweets/PROTOCOL.md) the model is *retrained*: its errors are measured on the new weights
@@ -300,6 +303,8 @@ def ensure_weights(out, entry: dict, progress: bool = True) -> str:
     model_dir = out / entry["dir"]
     with exclusive_lock(out / "models" / f".rebuild-{entry['name']}.lock", wait=True):
         restore_swapped(out, entry)
+        if not model_dir.is_dir():
+            _train_absent(out, entry, progress)
         if not is_packed(model_dir):
             return weights_digest(out, entry)
         refit = _refit(out, entry, progress)
@@ -316,6 +321,18 @@ def ensure_weights(out, entry: dict, progress: bool = True) -> str:
         finally:
             shutil.rmtree(refit.tmp, ignore_errors=True)
     return weights_digest(out, entry)
+
+
+def _train_absent(out: Path, entry: dict, progress: bool) -> None:
+    """Train a model of the manifest that has no directory yet, with one thread, as ``population train`` does."""
+    plan = read_json_object(out / MANIFEST, "population manifest", keys=("plan",))["plan"]
+    if progress:
+        print(f"training {entry['name']} of {out} from its recipe", file=sys.stderr, flush=True)
+    task = get_task(plan["task"])
+    task.prepare(out, plan["data"])
+    with one_thread(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        train_model_dir(out, entry["name"], entry["hparams"], plan["data"], plan["arch"], plan["task"])
 
 
 def _swap_dir(out: Path, entry: dict) -> Path:

@@ -5,7 +5,8 @@ A model's training does not reproduce bit for bit on a machine with another CPU 
 continued on a new machine (from its pack) cannot rebuild a packed model and keep its recorded errors. The
 pipeline makes the unit of work the *model*: for each model, on one machine and in one worker process,
 
-1. its weights (:func:`~.pack.ensure_weights`): as they are, rebuilt from the recipe where they reproduce, else
+1. its weights (:func:`~.pack.ensure_weights`): trained now where the model is not trained yet (amendment 14:
+   the training need not have finished), as they are, rebuilt from the recipe where they reproduce, else
    *retrained* with its errors measured again on the new weights (the old record kept in ``superseded/``), the
    manifest's entry synced to the record (:func:`sync_manifest_entry`);
 2. every line of an earlier model of that name is discarded (:func:`discard_stale`): each line the pipeline
@@ -22,8 +23,9 @@ packed) is complete and is not loaded again, on any machine. A model left out of
 
 :func:`run_pipeline` runs the calibration first (on the first models, their weights ensured first), writes or
 checks each evaluation's settings, then the models in ``workers`` spawned one-thread processes (a whole model
-each), then the canonical results of each evaluation (manifest order) and, once every model is complete, the
-split-half reliability. Every append of every worker happens under one lock (``.pipeline-append.lock``), so
+each), then marks the population trained (where it trained the last models), the canonical results of each
+evaluation (manifest order) and, once every model is complete, the split-half reliability. It holds the
+population's ``.train.lock`` throughout (``population train`` is refused meanwhile). Every append of every worker happens under one lock (``.pipeline-append.lock``), so
 :func:`discard_stale` never races an append. Resumable at every point: rerun it.
 """
 from __future__ import annotations
@@ -47,6 +49,7 @@ from .exclusion import read_excluded
 from .manifest import MANIFEST, population_files, read_json_object, read_manifest
 from .pack import (RECORD, RETRAINED, check_packed_models, ensure_weights, restore_swapped, run_in_workers,
                    weights_digest)
+from .training import TRAIN_LOCK
 from .reliability import PREDICTIONS, gap_reliability, predict_model, read_prediction_records, test_split
 
 __all__ = ["STAMP", "sync_manifest_entry", "discard_stale", "model_complete", "pipeline_model", "run_pipeline"]
@@ -121,11 +124,16 @@ def discard_stale(out, name: str, digest: str, tags=(), retrained: bool = False)
 
 def _ensure(out: Path, entry: dict, tags, progress: bool) -> str:
     """:func:`~.pack.ensure_weights`, then :func:`sync_manifest_entry` and :func:`discard_stale`; the digest."""
-    before = weights_digest(out, entry)
+    before = weights_digest(out, entry) if (out / entry["dir"]).is_dir() else None
     digest = ensure_weights(out, entry, progress)
     sync_manifest_entry(out, entry["name"])
     discard_stale(out, entry["name"], digest, tags, retrained=digest != before)
     return digest
+
+
+def _ensure_named(out: Path, entry: dict, tags, progress: bool) -> tuple[str, str]:
+    """``(name, digest)`` of :func:`_ensure` (a worker's job: results come back in the order they finish)."""
+    return entry["name"], _ensure(out, entry, tags, progress)
 
 
 def _append(out: Path, path: Path, record: dict) -> None:
@@ -145,8 +153,11 @@ def _evaluated(out: Path, name: str, digest: str, tag: str) -> bool:
 
 def model_complete(out, entry: dict, tags, excluded) -> bool:
     """True where model ``entry`` has its test predictions and (unless ``excluded``) a record of every evaluation
-    ``tags``, each carrying the digest of its weights (:func:`~.pack.weights_digest`: no weight is loaded)."""
+    ``tags``, each carrying the digest of its weights (:func:`~.pack.weights_digest`: no weight is loaded); False
+    where it is not trained yet."""
     out = Path(out)
+    if not (out / entry["dir"]).is_dir():
+        return False
     digest = weights_digest(out, entry)
     return _predicted(out, entry["name"], digest) and (
         entry["name"] in excluded or all(_evaluated(out, entry["name"], digest, t) for t in tags))
@@ -165,7 +176,7 @@ def pipeline_model(out, name: str, plans: list, progress: bool = False) -> str:
     """Every stage of model ``name`` after training (see the module doc), under the evaluation ``plans``
     (:func:`~.evaluation.plan_evaluation`'s, in order); returns ``name``. Nothing is done where it is complete."""
     out = Path(out)
-    manifest = read_manifest(out)
+    manifest = read_manifest(out, trained=False)
     entry = next(m for m in manifest["models"] if m["name"] == name)
     tags, excluded = [p["tag"] for p in plans], read_excluded(out)
     if model_complete(out, entry, tags, excluded):
@@ -235,17 +246,17 @@ def run_pipeline(out, calibrate: dict | None, evaluations: list, reliability: di
 
     ``calibrate``: the keyword arguments of :func:`~.calibration.calibrate_population` (None: no calibration);
     ``evaluations``: one dict per evaluation, in order, with the keyword arguments of
-    :func:`~.evaluation.plan_evaluation` (``rhos`` … ``curvature_options``, ``tag``) and, with
-    ``calibration: True``, its radii from the calibration (:func:`~.calibration.evaluation_radii`, ``sizes`` its
-    columns); ``reliability``: ``{"splits", "seed"}`` of :func:`~.reliability.gap_reliability`, computed again from
-    the stored predictions whenever every model is complete (its summary goes to ``log``, a text stream; default
+    :func:`~.evaluation.plan_evaluation` (``rhos`` … ``curvature_options``, ``tag``) and, with ``calibration:
+    True``, its radii from the calibration (:func:`~.calibration.evaluation_radii`, ``sizes`` its columns);
+    ``reliability``: ``{"splits", "seed"}`` of :func:`~.reliability.gap_reliability`, computed again from the stored
+    predictions whenever every model is complete (its summary goes to ``log``, a text stream; default
     ``reliability.log`` beside it, appended). ``workers`` one-thread processes (1: in this process). Everything is
-    checked before anything is written: the manifest (complete), every ``SHA256SUMS``, the predictions, an existing
-    calibration against ``calibrate`` (else its probe runs and batch), and every evaluation's options, radii and
-    existing settings. Returns ``{"models", "retrained"}`` (counts: every model is complete; retrained: those whose
-    weights now are a retrain's, ``retrained.jsonl``)."""
+    checked before anything is written: the manifest (its training may be unfinished), every ``SHA256SUMS``, the
+    predictions, an existing calibration against ``calibrate`` (else its probe runs and batch), and every
+    evaluation's options, radii and existing settings. Returns ``{"models", "retrained"}`` (counts: every model is
+    complete; retrained: those whose weights now are a retrain's, ``retrained.jsonl``)."""
     out = Path(out)
-    manifest = read_manifest(out)  # refuses a population not completely trained
+    manifest = read_manifest(out, trained=False)  # the models not trained yet are trained in turn
     tags = [e.get("tag", "") for e in evaluations]
     if len(set(tags)) != len(tags):
         raise ValueError(f"two evaluations of the pipeline have the same tag ({tags}); give each its own --tag")
@@ -265,20 +276,28 @@ def run_pipeline(out, calibrate: dict | None, evaluations: list, reliability: di
     with contextlib.ExitStack() as stack:
         busy = f"another `geosharp population pipeline` or `evaluate` is running on {out}; wait for it to finish"
         stack.enter_context(exclusive_lock(out / ".pipeline.lock", busy=busy))
+        stack.enter_context(exclusive_lock(out / TRAIN_LOCK, busy=f"`geosharp population train` is training the "
+                                                                  f"population in {out}; stop it (the pipeline "
+                                                                  f"trains the models left) or wait for it"))
         for tag in tags + _other_tags(out, tags):  # the other evaluations' files are rewritten too (discard_stale)
             stack.enter_context(exclusive_lock(out / f".evaluate{'-' + tag if tag else ''}.lock", busy=busy))
         for entry in manifest["models"]:
             if "dir" in entry:
                 restore_swapped(out, entry)  # a retrain killed between its two renames
-        for stale in (out / "models").glob(".tmp-rebuild-*"):  # left by a killed rebuild or retrain
+        for stale in (out / "models").glob(".tmp-*"):  # left by a killed training, rebuild or retrain
             shutil.rmtree(stale, ignore_errors=True)
         for path in _owned_files(out, tags) + _other_files(out, tags):  # a torn last line, left by a killed run
             read_jsonl(path, repair=True)
         excluded = read_excluded(out)
         if calibrate is not None and not (out / CALIBRATION).is_file():
-            stamps = {}
-            for entry in manifest["models"][:n_cal]:
-                stamps[entry["name"]] = {STAMP: _ensure(out, entry, tags, progress)}
+            first = manifest["models"][:n_cal]
+            if workers > 1 and len(first) > 1:  # trained, rebuilt or retrained side by side
+                named = run_in_workers(_ensure_named, [(out, e, tags, False) for e in first], workers, lambda _: None,
+                                       f"a pipeline process on {out} died (killed, or out of memory?); run "
+                                       f"`geosharp population pipeline --out {out}` again", _pipeline_worker)
+            else:
+                named = [_ensure_named(out, e, tags, progress) for e in first]
+            stamps = {name: {STAMP: digest} for name, digest in named}
             calibrate_population(out, **calibrate, progress=progress, stamps=stamps)
         plans = [_plan(out, manifest, e, calibrate) for e in evaluations]
         for plan in plans:
@@ -300,6 +319,7 @@ def run_pipeline(out, calibrate: dict | None, evaluations: list, reliability: di
                 _in_this_process(out, todo, plans, progress, bar)
         finally:
             bar.close()
+        _mark_trained(out)  # where the pipeline trained the last models
         manifest = read_manifest(out)  # the metrics of retrained models
         _check_consistent(out, manifest, tags, excluded)
         _canonical_predictions(out, manifest)
@@ -313,6 +333,20 @@ def run_pipeline(out, calibrate: dict | None, evaluations: list, reliability: di
     lines = {(r.get("model"), r.get(STAMP)) for r in read_jsonl(out / RETRAINED) if isinstance(r, dict)}
     retrained = [m for m in manifest["models"] if "dir" in m and (m["name"], weights_digest(out, m)) in lines]
     return dict(models=len(manifest["models"]), retrained=len(retrained))
+
+
+def _mark_trained(out: Path) -> None:
+    """Once every model of the manifest has its directory, the manifest as ``population train`` ends it: each
+    entry's metrics from its record, ``complete`` true (under ``.manifest.lock``; nothing where it is already)."""
+    with exclusive_lock(out / _MANIFEST_LOCK, wait=True):
+        man = json.loads((out / MANIFEST).read_text())
+        if man.get("complete") or not all((out / m["dir"] / RECORD).is_file() for m in man["models"]):
+            return
+        for m in man["models"]:
+            m["metrics"] = read_json_object(out / m["dir"] / RECORD, "model's training record",
+                                            keys=("metrics",))["metrics"]
+        man["complete"] = True
+        write_json_atomic(out / MANIFEST, man)
 
 
 def _canonical_predictions(out: Path, manifest: dict) -> None:

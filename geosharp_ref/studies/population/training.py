@@ -32,7 +32,7 @@ import torch
 
 from ...forward import length_buckets
 from ...io.data import slice_inputs
-from ...io.durable import fsync_dir, fsync_tree, write_json_atomic
+from ...io.durable import exclusive_lock, fsync_dir, fsync_tree, write_json_atomic
 from ...io.models import quiet_transformers
 from .manifest import MANIFEST, MANIFEST_FORMAT
 from .options import check_training
@@ -40,7 +40,10 @@ from .task import PopulationTask, Split
 from .tasks import get_task
 
 __all__ = ["sample_hparams", "train_one", "fit_one", "measure_one", "write_model_dir", "write_record",
-           "train_population", "error_and_loss", "batched_logits", "logits_by_length", "lr_factor"]
+           "train_model_dir", "train_population", "TRAIN_LOCK", "error_and_loss", "batched_logits", "logits_by_length", "lr_factor"]
+
+#: held by ``population train`` and ``population pipeline`` (which trains the models not yet trained): one trainer
+TRAIN_LOCK = ".train.lock"
 
 
 def sample_hparams(index: int, seed: int = 0, epochs_max: int | None = None, train_size_max: int | None = None,
@@ -171,10 +174,18 @@ def _train_task(task):
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
     root, name, hparams, data_spec, arch, task_name = task
-    root = Path(root)
-    final = root / "models" / name
+    final = Path(root) / "models" / name
     if final.is_dir():
         return name, json.loads((final / "geosharp_model.json").read_text())
+    return name, train_model_dir(root, name, hparams, data_spec, arch, task_name)
+
+
+def train_model_dir(root, name: str, hparams: dict, data_spec: dict, arch: dict, task_name: str) -> dict:
+    """Train model ``name`` of the population in ``root`` (:func:`train_one`, with the caller's threads) and move
+    its directory in place atomically (``models/NAME``, written to ``models/.tmp-NAME-PID`` first: it exists
+    whole or not at all); returns its record. The caller makes sure no other process trains the same model."""
+    root = Path(root)
+    final = root / "models" / name
     t0 = time.perf_counter()
     ptask = get_task(task_name)
     model, metrics = train_one(hparams, ptask.load_split(data_spec, root), ptask, arch)
@@ -186,7 +197,7 @@ def _train_task(task):
     record = write_model_dir(tmp, model, ptask, root, record, t0)
     os.replace(tmp, final)
     fsync_dir(final.parent)
-    return name, record
+    return record
 
 
 def write_model_dir(path, model, task: PopulationTask, root, record: dict, t0: float | None = None) -> dict:
@@ -249,6 +260,15 @@ def train_population(out, n_models: int = 32, seed: int = 0, split_seed: int = 0
                              f"({old.get('plan') if isinstance(old, dict) else old!r}); "
                              f"use another --out or the same options")
     (out / "models").mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(out / TRAIN_LOCK, busy=f"another `geosharp population train` or `pipeline` is training "
+                                               f"the population in {out}; wait for it to finish"):
+        return _train_missing(out, ptask, plan, models, workers, progress)
+
+
+def _train_missing(out: Path, ptask: PopulationTask, plan: dict, models: list, workers: int, progress: bool) -> dict:
+    """The body of :func:`train_population`, under its lock."""
+    data_spec, arch = plan["data"], plan["arch"]
+    mpath = out / MANIFEST
     for stale in (out / "models").glob(".tmp-*"):  # left by a killed run
         shutil.rmtree(stale, ignore_errors=True)
     manifest = dict(format=MANIFEST_FORMAT, plan=plan, models=models, complete=False)

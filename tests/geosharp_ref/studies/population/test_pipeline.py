@@ -258,6 +258,67 @@ def test_weights_that_do_not_reproduce_are_retrained_with_their_errors_measured_
         assert _without_digest(out / name) == _without_digest(piped / name), name
 
 
+def _stopped_training(packed, out, untrained):
+    """A copy of the pack as `population train` leaves a population it has not finished (amendment 14): a manifest
+    without metrics, not complete, and no directory for the models ``untrained`` (indices)."""
+    shutil.copytree(packed, out)
+    man = json.loads((out / "population.json").read_text())
+    for m in man["models"]:
+        m.pop("metrics")
+    man["complete"] = False
+    (out / "population.json").write_text(json.dumps(man, indent=2, sort_keys=True) + "\n")
+    for i in untrained:
+        shutil.rmtree(out / man["models"][i]["dir"])
+    return man
+
+
+def test_models_not_trained_yet_are_trained_as_population_train_trains_them(packed, trained, piped, tmp_path):
+    """Amendment 14: on a population whose training stopped with two models untrained (one of the calibration's two,
+    one outside it; a killed training's temporary directory beside them), the pipeline trains them, bit for bit as
+    `population train` did, marks the population trained, and writes every file as it does on the whole one."""
+    out = tmp_path / "vit"
+    man = _stopped_training(packed, out, untrained=(1, 2))
+    (out / "models" / ".tmp-model_002-99999").mkdir()
+    assert _run(out, workers=2) == dict(models=cases.POPULATION_MODELS, retrained=0)
+    assert not list((out / "models").glob(".tmp-*")) and not (out / "retrained.jsonl").exists()
+    for m in man["models"]:
+        assert _sha(out / m["dir"] / "model.safetensors") == _sha(trained / m["dir"] / "model.safetensors")
+    for m in man["models"][1:3]:
+        assert pack.model_sums(out / m["dir"]) == pack.model_sums(trained / m["dir"])
+        new, first = (json.loads((d / m["dir"] / "geosharp_model.json").read_text()) for d in (out, trained))
+        assert {k: v for k, v in new.items() if k != "seconds"} == {k: v for k, v in first.items() if k != "seconds"}
+    for name in COMPARED:
+        assert _without_digest(out / name) == _without_digest(piped / name), name
+
+
+def test_the_pipeline_and_population_train_refuse_one_another(packed, tmp_path):
+    """One trainer at a time (``.train.lock``): the pipeline is refused while `population train` holds the
+    population, and `population train` while the pipeline does; neither trains a model."""
+    from geosharp_ref.io.durable import exclusive_lock
+    from geosharp_ref.studies.population.training import TRAIN_LOCK
+
+    out = tmp_path / "vit"
+    man = _stopped_training(packed, out, untrained=(3,))
+    with exclusive_lock(out / TRAIN_LOCK):
+        with pytest.raises(ValueError, match="`geosharp population train` is training the population"):
+            _run(out, workers=1, calibrate=None, evaluations=EVALUATIONS[1:], reliability=None)
+        with pytest.raises(ValueError, match="another `geosharp population train` or `pipeline` is training"):
+            pop.train_population(out, **cases.POPULATION_TRAIN)
+    assert not (out / man["models"][3]["dir"]).exists() and not (out / "results-curvature.jsonl").exists()
+
+
+def test_a_calibration_whose_models_are_not_trained_is_refused_before_anything_is_written(packed, tmp_path):
+    out = tmp_path / "vit"
+    _stopped_training(packed, out, untrained=(1,))
+    before = {str(p): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(ValueError, match=r"the calibration's models \['model_001'\] are not trained yet"):
+        calibrate_population(out, **CALIBRATE, progress=False)
+    assert {str(p): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    # its models trained, the training unfinished: the calibration runs
+    calibrate_population(out, **dict(CALIBRATE, models=1), progress=False)
+    assert json.loads((out / "calibration.json").read_text())["models_used"] == ["model_000"]
+
+
 def test_another_calibration_or_a_measure_it_lacks_is_refused_before_anything_is_written(packed, piped, tmp_path):
     done, fresh = tmp_path / "done" / "vit", tmp_path / "fresh" / "vit"
     shutil.copytree(piped, done)
