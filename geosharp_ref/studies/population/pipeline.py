@@ -25,8 +25,8 @@ packed) is complete and is not loaded again, on any machine. A model left out of
 checks each evaluation's settings, then the models in ``workers`` spawned one-thread processes (a whole model
 each), then marks the population trained (where it trained the last models), the canonical results of each
 evaluation (manifest order) and, once every model is complete, the split-half reliability. It holds the
-population's ``.train.lock`` throughout (``population train`` is refused meanwhile). Every append of every worker happens under one lock (``.pipeline-append.lock``), so
-:func:`discard_stale` never races an append. Resumable at every point: rerun it.
+population's ``.train.lock`` throughout (``population train`` is refused meanwhile). Every append of every worker
+happens under one lock (``.pipeline-append.lock``), so :func:`discard_stale` never races an append. Resumable at every point: rerun it.
 """
 from __future__ import annotations
 

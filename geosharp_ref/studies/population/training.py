@@ -40,7 +40,8 @@ from .task import PopulationTask, Split
 from .tasks import get_task
 
 __all__ = ["sample_hparams", "train_one", "fit_one", "measure_one", "write_model_dir", "write_record",
-           "train_model_dir", "train_population", "TRAIN_LOCK", "error_and_loss", "batched_logits", "logits_by_length", "lr_factor"]
+           "train_model_dir", "train_population", "TRAIN_LOCK", "error_and_loss", "batched_logits",
+           "logits_by_length", "lr_factor"]
 
 #: held by ``population train`` and ``population pipeline`` (which trains the models not yet trained): one trainer
 TRAIN_LOCK = ".train.lock"
