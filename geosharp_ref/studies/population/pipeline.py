@@ -26,7 +26,8 @@ checks each evaluation's settings, then the models in ``workers`` spawned one-th
 each), then marks the population trained (where it trained the last models), the canonical results of each
 evaluation (manifest order) and, once every model is complete, the split-half reliability. It holds the
 population's ``.train.lock`` throughout (``population train`` is refused meanwhile). Every append of every worker
-happens under one lock (``.pipeline-append.lock``), so :func:`discard_stale` never races an append. Resumable at every point: rerun it.
+happens under one lock (``.pipeline-append.lock``), so :func:`discard_stale` never races an append. Resumable at
+every point: rerun it.
 """
 from __future__ import annotations
 
