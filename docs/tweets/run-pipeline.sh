@@ -1,12 +1,12 @@
 #!/bin/bash
-# The tweets population's stages after training (docs/tweets/PROTOCOL.md, "Commands"; amendment 13), run from the
-# snapshot worktree /work/pop-eval of a commit at or after amendment 13's code (checked): one `geosharp population
-# pipeline` of docs/tweets/pipeline.json takes every model in turn, on this machine, in two one-thread processes (a
-# whole model each: its weights, retrained with its errors measured again where this CPU does not rebuild them bit
-# for bit; its test predictions; the main evaluation, the ablations and the exploratory curvature measures), after
-# the calibration on the first three models; then the results in manifest order and the gap's reliability. Every
-# step resumes where it stopped, so rerun this script after an interruption; the correlations and the analysis
-# follow once every model is complete.
+# The tweets population's training and every stage after it (docs/tweets/PROTOCOL.md, "Commands"; amendments 13 and
+# 14), run from the snapshot worktree /work/pop-eval of a commit at or after amendment 14's code (checked): one
+# `geosharp population pipeline` of docs/tweets/pipeline.json takes every model in turn, on this machine, in two
+# one-thread processes (a whole model each: its weights, trained where it is not trained yet, retrained with its
+# errors measured again where this CPU does not rebuild them bit for bit; its test predictions; the main evaluation,
+# the ablations and the exploratory curvature measures), after the calibration on the first three models; then the
+# results in manifest order and the gap's reliability. Every step resumes where it stopped, so rerun this script
+# after an interruption; the correlations and the analysis follow once every model is complete.
 # usage: run-pipeline.sh   (copy it to /work/populations/tweets/; nohup ./run-pipeline.sh > sharpness.log 2>&1 &)
 set -euo pipefail
 cd /work/pop-eval
@@ -30,21 +30,25 @@ gs() {  # geosharp from the snapshot (asserted), at low priority
     run nice -n 19 "$PY" -c "import geosharp_ref, sys; assert geosharp_ref.__file__.startswith('/work/pop-eval'), \
 geosharp_ref.__file__; from geosharp_ref.cli import main; sys.exit(main(sys.argv[1:]))" "$@"
 }
-# all 80 models trained (the manifest is complete) before the pipeline
-"$PY" -c "import json, sys; m = json.load(open('$DIR/population.json')); n = len(m['models']); \
-sys.exit(0 if m.get('complete') and n == 80 else f'{n} of 80 models trained: finish the training first')"
+# the population's 80 models (trained or not: the pipeline trains the models left, amendment 14), and no training
+# beside it (the training snapshot dc168d2 takes no lock: a model would be trained by both)
+"$PY" -c "import json, sys; n = len(json.load(open('$DIR/population.json'))['models']); \
+sys.exit(0 if n == 80 else f'the manifest lists {n} models, not 80')"
+if pgrep -f "population train" > /dev/null; then
+    echo "run-pipeline.sh: a \`population train\` is running; stop it (the pipeline trains the models left)" >&2; exit 2
+fi
 # one code and one software for every sitting (amendment 8): the first sitting records the snapshot's commit and
 # the library versions in docs/tweets/eval-snapshot.json (commit it) and beside the population (packed with it);
-# a later sitting on anything else, or on a snapshot older than amendment 13's code, stops here
+# a later sitting on anything else, or on a snapshot older than amendment 14's code, stops here
 SNAP=/work/main/docs/tweets/eval-snapshot.json
 dirty=$(git -C /work/pop-eval status --porcelain --untracked-files=no)
 if [ -n "$dirty" ]; then
     echo "run-pipeline.sh: /work/pop-eval has uncommitted changes; recreate it at its commit" >&2; exit 2
 fi
-# amendment 13's code (population pipeline: weights, predictions and measures per model on one machine, each line
-# keyed by the SHA-256 of its weights), with amendment 12's (radii up to 100, an underflowing weight immovable)
-if ! git -C /work/pop-eval merge-base --is-ancestor 3e38c19e279957e244558ceb7245f6541f8a7c70 HEAD; then
-    echo "run-pipeline.sh: /work/pop-eval is older than amendment 13's code (3e38c19); create it at a" \
+# amendment 14's code (the pipeline trains the models not trained yet), with amendment 13's (weights, predictions
+# and measures per model on one machine, each line keyed by the SHA-256 of its weights) and 12's (radii up to 100)
+if ! git -C /work/pop-eval merge-base --is-ancestor ffbb0158d0d10cef326887780d59967c5d03baa5 HEAD; then
+    echo "run-pipeline.sh: /work/pop-eval is older than amendment 14's code (ffbb015); create it at a" \
         "later commit" >&2
     exit 2
 fi

@@ -413,13 +413,14 @@ def test_the_pipeline_script_runs_the_protocols_commands():
     assert re.search(r'\nOMP_NUM_THREADS=1 gs population pipeline ', text)
     assert re.search(r'run\(\) \{\n +"\$@" &\n +stage=\$!\n +wait "\$stage"', text) and "gs() {  # geosharp" in text
     assert re.search(r'gs\(\) \{[^}]*\n +run nice -n 19', text)
-    # the snapshot must hold amendment 13's code (the commit the script names exists and holds the pipeline)
+    # the snapshot must hold amendment 14's code (the commit the script names exists and holds the pipeline)
     commit = re.search(r"merge-base --is-ancestor ([0-9a-f]{40}) HEAD", text).group(1)
     root = docs.parents[1]
     if (root / ".git").exists():
         shown = subprocess.run(["git", "-C", str(root), "show",
                                 f"{commit}:geosharp_ref/studies/population/pipeline.py"], capture_output=True, text=True)
         assert shown.returncode == 0 and "def run_pipeline(" in shown.stdout
+        assert "TRAIN_LOCK" in shown.stdout  # amendment 14: the pipeline trains the models not trained yet
     # each sitting's machine recorded beside the population (the snippet the script runs, run here)
     code = re.search(r'"\$PY" -c "(import datetime[^"]*)" >> "\$DIR/sittings\.jsonl"', text.replace("\\\n", ""))
     line = json.loads(subprocess.run([sys.executable, "-c", code.group(1)], capture_output=True, text=True,
