@@ -46,7 +46,7 @@ def exclude_model(out, name: str, reason: str) -> dict:
     analysis names it). Checked before anything is written: the population exists, the model is one of it and not
     excluded yet, and the reason is not empty; ``excluded.json`` is written atomically. Returns every exclusion."""
     out = Path(out)
-    names = [m["name"] for m in read_manifest(out)["models"]]
+    names = [m["name"] for m in read_manifest(out, trained=False)["models"]]  # the pipeline may still train some
     excluded = read_excluded(out)
     if not reason.strip():
         raise ValueError("--reason is empty; say why the model leaves the population (e.g. the protocol's "

@@ -107,5 +107,6 @@ def read_manifest(out, trained: bool = True) -> dict:
     check_manifest_entries(path, man, f"restore it, or delete {out} and train (or import) again")
     if trained and not man.get("complete"):
         raise ValueError(f"population in {out} is not completely trained; rerun `geosharp population train "
-                         f"--out {out}` (it resumes)")
+                         f"--out {out}` (it resumes), or `geosharp population pipeline --out {out}`, which trains "
+                         f"the models left")
     return man

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import signal
 import warnings
@@ -50,8 +51,8 @@ from .exclusion import read_excluded
 from .manifest import MANIFEST, population_files, read_json_object, read_manifest
 from .pack import (RECORD, RETRAINED, check_packed_models, ensure_weights, restore_swapped, run_in_workers,
                    weights_digest)
-from .training import TRAIN_LOCK
 from .reliability import PREDICTIONS, gap_reliability, predict_model, read_prediction_records, test_split
+from .training import TRAIN_LOCK
 
 __all__ = ["STAMP", "sync_manifest_entry", "discard_stale", "model_complete", "pipeline_model", "run_pipeline"]
 
@@ -286,14 +287,16 @@ def run_pipeline(out, calibrate: dict | None, evaluations: list, reliability: di
             if "dir" in entry:
                 restore_swapped(out, entry)  # a retrain killed between its two renames
         for stale in (out / "models").glob(".tmp-*"):  # left by a killed training, rebuild or retrain
-            shutil.rmtree(stale, ignore_errors=True)
+            if not _writer_alive(stale):
+                shutil.rmtree(stale, ignore_errors=True)
         for path in _owned_files(out, tags) + _other_files(out, tags):  # a torn last line, left by a killed run
             read_jsonl(path, repair=True)
         excluded = read_excluded(out)
         if calibrate is not None and not (out / CALIBRATION).is_file():
             first = manifest["models"][:n_cal]
             if workers > 1 and len(first) > 1:  # trained, rebuilt or retrained side by side
-                named = run_in_workers(_ensure_named, [(out, e, tags, False) for e in first], workers, lambda _: None,
+                named = run_in_workers(_ensure_named, [(out, e, tags, progress) for e in first], workers,
+                                       lambda _: None,
                                        f"a pipeline process on {out} died (killed, or out of memory?); run "
                                        f"`geosharp population pipeline --out {out}` again", _pipeline_worker)
             else:
@@ -334,6 +337,21 @@ def run_pipeline(out, calibrate: dict | None, evaluations: list, reliability: di
     lines = {(r.get("model"), r.get(STAMP)) for r in read_jsonl(out / RETRAINED) if isinstance(r, dict)}
     retrained = [m for m in manifest["models"] if "dir" in m and (m["name"], weights_digest(out, m)) in lines]
     return dict(models=len(manifest["models"]), retrained=len(retrained))
+
+
+def _writer_alive(tmp: Path) -> bool:
+    """True where the process whose id ends the temporary directory's name (``.tmp-…-PID``) still runs: a
+    training not under ``.train.lock`` (an older ``population train``) may be writing it."""
+    pid = tmp.name.rsplit("-", 1)[-1]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _mark_trained(out: Path) -> None:

@@ -279,8 +279,10 @@ def test_models_not_trained_yet_are_trained_as_population_train_trains_them(pack
     out = tmp_path / "vit"
     man = _stopped_training(packed, out, untrained=(1, 2))
     (out / "models" / ".tmp-model_002-99999").mkdir()
+    live = out / "models" / f".tmp-model_002-{os.getpid()}"  # a live process's: an older trainer may be writing it
+    live.mkdir()
     assert _run(out, workers=2) == dict(models=cases.POPULATION_MODELS, retrained=0)
-    assert not list((out / "models").glob(".tmp-*")) and not (out / "retrained.jsonl").exists()
+    assert list((out / "models").glob(".tmp-*")) == [live] and not (out / "retrained.jsonl").exists()
     for m in man["models"]:
         assert _sha(out / m["dir"] / "model.safetensors") == _sha(trained / m["dir"] / "model.safetensors")
     for m in man["models"][1:3]:
@@ -305,6 +307,17 @@ def test_the_pipeline_and_population_train_refuse_one_another(packed, tmp_path):
         with pytest.raises(ValueError, match="another `geosharp population train` or `pipeline` is training"):
             pop.train_population(out, **cases.POPULATION_TRAIN)
     assert not (out / man["models"][3]["dir"]).exists() and not (out / "results-curvature.jsonl").exists()
+
+
+def test_a_model_is_excluded_while_the_training_is_unfinished(packed, tmp_path):
+    """The evaluation's error of a value that is not finite says to exclude the model; the pipeline may still be
+    training others then."""
+    from geosharp_ref.studies.population.exclusion import read_excluded
+
+    out = tmp_path / "vit"
+    _stopped_training(packed, out, untrained=(3,))
+    exclude_model(out, "model_003", "a test")
+    assert read_excluded(out) == {"model_003": "a test"}
 
 
 def test_a_calibration_whose_models_are_not_trained_is_refused_before_anything_is_written(packed, tmp_path):
