@@ -34,9 +34,14 @@ geosharp_ref.__file__; from geosharp_ref.cli import main; sys.exit(main(sys.argv
 # beside it (the training snapshot dc168d2 takes no lock: a model would be trained by both)
 "$PY" -c "import json, sys; n = len(json.load(open('$DIR/population.json'))['models']); \
 sys.exit(0 if n == 80 else f'the manifest lists {n} models, not 80')"
-if pgrep -f "population train" > /dev/null; then
-    echo "run-pipeline.sh: a \`population train\` is running; stop it (the pipeline trains the models left)" >&2; exit 2
-fi
+# (run-train.sh's trainer and its spawned workers all run in /work/pop-run; stop them with the same loop and kill)
+for p in /proc/[0-9]*; do
+    if [ "$(readlink "$p/cwd" 2> /dev/null)" = /work/pop-run ]; then
+        echo "run-pipeline.sh: a training from /work/pop-run is running (process ${p#/proc/}); stop it and its" \
+            "workers (the pipeline trains the models left)" >&2
+        exit 2
+    fi
+done
 # one code and one software for every sitting (amendment 8): the first sitting records the snapshot's commit and
 # the library versions in docs/tweets/eval-snapshot.json (commit it) and beside the population (packed with it);
 # a later sitting on anything else, or on a snapshot older than amendment 14's code, stops here
@@ -47,8 +52,8 @@ if [ -n "$dirty" ]; then
 fi
 # amendment 14's code (the pipeline trains the models not trained yet), with amendment 13's (weights, predictions
 # and measures per model on one machine, each line keyed by the SHA-256 of its weights) and 12's (radii up to 100)
-if ! git -C /work/pop-eval merge-base --is-ancestor ffbb0158d0d10cef326887780d59967c5d03baa5 HEAD; then
-    echo "run-pipeline.sh: /work/pop-eval is older than amendment 14's code (ffbb015); create it at a" \
+if ! git -C /work/pop-eval merge-base --is-ancestor ac0b78541e3d0f821d753bdfbf278bccab4f6cdb HEAD; then
+    echo "run-pipeline.sh: /work/pop-eval is older than amendment 14's code (ac0b785); create it at a" \
         "later commit" >&2
     exit 2
 fi
