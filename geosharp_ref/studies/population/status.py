@@ -17,7 +17,9 @@ timings only, and returns no value of any result, so it can be run at every sitt
   of one model) finished of the model(s) in progress, units left, and, from the finished units' times, the
   time left for one worker (an estimate: units of one evaluation take about the same time); whether
   ``correlate`` has run (``correlation[-TAG].json``); a model left out of the evaluations (``excluded.json``,
-  :mod:`.exclusion`) is named and not counted in them.
+  :mod:`.exclusion`) is named and not counted in them;
+* **every stage** (where an evaluation has begun; ``population pipeline`` takes a whole model at a time): models
+  with their test predictions and a record in every evaluation on disk (an excluded model: its predictions).
 
 Times are wall times of one worker, as measured (a worker that shared its core ran longer). Nothing is written.
 The manifest must exist; everything else may be absent.
@@ -122,7 +124,17 @@ def population_status(out) -> dict:
     plan = manifest["plan"] if isinstance(manifest["plan"], dict) else {}
     return dict(out=str(out), task=plan.get("task"), training=_training(out, manifest),
                 reliability=_reliability(out), calibration=_calibration(out), evaluations=evaluations,
-                excluded=sorted(excluded))
+                excluded=sorted(excluded), every_stage=_every_stage(out, names, excluded, evaluations))
+
+
+def _every_stage(out: Path, names: list, excluded: set, evaluations: dict) -> int | None:
+    """Models with their test predictions and a record of every evaluation in ``evaluations`` (an excluded one:
+    its predictions); None before any evaluation."""
+    if not evaluations:
+        return None
+    predicted = {r.get("model") for r in read_jsonl(out / PREDICTIONS) if isinstance(r, dict)}
+    done = [set(read_results(out, "" if tag == "main" else tag)) for tag in evaluations]
+    return sum(n in predicted and (n in excluded or all(n in d for d in done)) for n in names)
 
 
 def _hours(h) -> str:
@@ -152,6 +164,9 @@ def format_status(status: dict) -> str:
         lines.append(f"  left out of every evaluation: {', '.join(status['excluded'])} (excluded.json)")
     if not status["evaluations"]:
         lines.append("  evaluations: none started")
+    else:
+        lines.append(f"  every stage (test predictions and every evaluation): {status['every_stage']} of "
+                     f"{t['planned']} models")
     for tag, e in status["evaluations"].items():
         lines.append(f"  evaluation {tag}: {e['models_finished']} of {e['models']} models finished"
                      + (f" (+{e['units_finished_in_models_in_progress']} of {e['units_per_model']} units of the "

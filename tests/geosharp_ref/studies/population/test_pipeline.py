@@ -110,6 +110,22 @@ def test_the_pipeline_writes_what_the_stages_write(stages, piped, trained):
     assert not list((piped / "models").glob(".tmp-*"))
 
 
+def test_status_counts_the_models_with_every_stage(piped, tmp_path):
+    """`population status` (blind) counts the models whose predictions and every evaluation's record are written."""
+    from geosharp_ref.studies.population.status import format_status, population_status
+
+    out = tmp_path / "vit"
+    shutil.copytree(piped, out)
+    assert population_status(out)["every_stage"] == cases.POPULATION_MODELS
+    lines = (out / "results-curvature.jsonl").read_text().splitlines(keepends=True)
+    (out / "results-curvature.jsonl").write_text("".join(lines[1:]))  # the first model's curvature not written
+    exclude_model(out, json.loads(lines[1])["model"], "a test")  # an excluded model: its predictions suffice
+    status = population_status(out)
+    assert status["every_stage"] == cases.POPULATION_MODELS - 1
+    assert f"every stage (test predictions and every evaluation): {cases.POPULATION_MODELS - 1} of " \
+           f"{cases.POPULATION_MODELS} models" in format_status(status)
+
+
 def test_a_complete_population_is_not_loaded_again(piped, tmp_path, monkeypatch):
     out = tmp_path / "vit"
     shutil.copytree(piped, out)

@@ -48,7 +48,7 @@ def test_status_of_a_population_in_training(trained, tmp_path, capsys):
                       median_seconds_per_model=med, remaining_worker_hours=med / 3600),
         reliability=dict(models_predicted=0, written=False),
         calibration=dict(written=False, probe_runs_finished=0, mean_seconds_per_run=None), evaluations={},
-        excluded=[])
+        excluded=[], every_stage=None)
     capsys.readouterr()
     assert main(["population", "status", "--out", str(out)]) == 0
     text = capsys.readouterr().out
