@@ -224,15 +224,13 @@ def _refit(out: Path, entry: dict, progress: bool) -> _Refit:
     pass) and write its files (not its record) to ``models/.tmp-rebuild-NAME-PID``; the caller holds its lock."""
     model_dir = out / entry["dir"]
     sums = read_sums(model_dir)
-    plan = read_json_object(out / MANIFEST, "population manifest", keys=("plan",))["plan"]
+    plan, task = _prepared_task(out)
     record = read_json_object(model_dir / RECORD, "model's training record", keys=("hparams",),
                               fix="restore it from the pack it came from")
     if progress:
         print(f"rebuilding the packed {entry['name']} of {out} from its recipe (as long as its training took)",
               file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    task = get_task(plan["task"])
-    task.prepare(out, plan["data"])
     split = task.load_split(plan["data"], out)
     with one_thread():  # as every population model was trained
         model, fitted = fit_one(record["hparams"], split, task, plan["arch"])
@@ -325,14 +323,20 @@ def ensure_weights(out, entry: dict, progress: bool = True) -> str:
 
 def _train_absent(out: Path, entry: dict, progress: bool) -> None:
     """Train a model of the manifest that has no directory yet, with one thread, as ``population train`` does."""
-    plan = read_json_object(out / MANIFEST, "population manifest", keys=("plan",))["plan"]
+    plan, _ = _prepared_task(out)
     if progress:
         print(f"training {entry['name']} of {out} from its recipe", file=sys.stderr, flush=True)
-    task = get_task(plan["task"])
-    task.prepare(out, plan["data"])
     with one_thread(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         train_model_dir(out, entry["name"], entry["hparams"], plan["data"], plan["arch"], plan["task"])
+
+
+def _prepared_task(out: Path) -> tuple[dict, object]:
+    """``(plan, task)`` of the population in ``out`` (its manifest's plan), the task's data prepared."""
+    plan = read_json_object(out / MANIFEST, "population manifest", keys=("plan",))["plan"]
+    task = get_task(plan["task"])
+    task.prepare(out, plan["data"])
+    return plan, task
 
 
 def _swap_dir(out: Path, entry: dict) -> Path:

@@ -69,12 +69,17 @@ def sync_manifest_entry(out, name: str) -> bool:
     with exclusive_lock(out / _MANIFEST_LOCK, wait=True):
         man = json.loads((out / MANIFEST).read_text())
         entry = next(m for m in man["models"] if m["name"] == name)
-        record = read_json_object(out / entry["dir"] / RECORD, "model's training record", keys=("metrics",))
-        if entry.get("metrics") == record["metrics"]:
+        metrics = _record_metrics(out, entry)
+        if entry.get("metrics") == metrics:
             return False
-        entry["metrics"] = record["metrics"]
+        entry["metrics"] = metrics
         write_json_atomic(out / MANIFEST, man)
     return True
+
+
+def _record_metrics(out: Path, entry: dict) -> dict:
+    """The metrics of a trained model's record (``geosharp_model.json``)."""
+    return read_json_object(out / entry["dir"] / RECORD, "model's training record", keys=("metrics",))["metrics"]
 
 
 def _owned_files(out: Path, tags) -> list:
@@ -184,7 +189,7 @@ def pipeline_model(out, name: str, plans: list, progress: bool = False) -> str:
     if model_complete(out, entry, tags, excluded):
         return name
     digest = _ensure(out, entry, tags, progress)
-    metrics = read_json_object(out / entry["dir"] / RECORD, "model's training record", keys=("metrics",))["metrics"]
+    metrics = _record_metrics(out, entry)
     if not _predicted(out, name, digest):
         split = _cached(("split", str(out)), lambda: test_split(out, manifest))
         pred = predict_model(out, entry, split, metrics["test_error"], 256, progress)
@@ -362,8 +367,7 @@ def _mark_trained(out: Path) -> None:
         if man.get("complete") or not all((out / m["dir"] / RECORD).is_file() for m in man["models"]):
             return
         for m in man["models"]:
-            m["metrics"] = read_json_object(out / m["dir"] / RECORD, "model's training record",
-                                            keys=("metrics",))["metrics"]
+            m["metrics"] = _record_metrics(out, m)
         man["complete"] = True
         write_json_atomic(out / MANIFEST, man)
 

@@ -75,9 +75,8 @@ def _training(out: Path, manifest: dict) -> dict:
                 remaining_worker_hours=None if med is None else (len(models) - trained) * med / 3600)
 
 
-def _reliability(out: Path) -> dict:
-    predicted = {r.get("model") for r in read_jsonl(out / PREDICTIONS) if isinstance(r, dict)}
-    return dict(models_predicted=len(predicted - {None}), written=(out / RELIABILITY).is_file())
+def _reliability(out: Path, predicted: set) -> dict:
+    return dict(models_predicted=len(predicted), written=(out / RELIABILITY).is_file())
 
 
 def _calibration(out: Path) -> dict:
@@ -89,13 +88,13 @@ def _calibration(out: Path) -> dict:
                                             if isinstance(u.get("seconds"), (int, float))]))
 
 
-def _evaluation(out: Path, tag: str, names: list, excluded: set) -> dict:
+def _evaluation(out: Path, tag: str, names: list, excluded: set, done: set) -> dict:
+    """The progress of evaluation ``tag``; ``done``: its models with a record, the excluded ones removed."""
     files = population_files(tag)
     cfg = read_evaluation_settings(out, tag)
     _, grid = evaluation_grid(cfg)
     per_model = sum(len(v) for v in grid.values())
     n_models = sum(n not in excluded for n in names)  # an excluded model is not evaluated (exclusion.py)
-    done = set(read_results(out, tag)) - excluded
     units = read_units(out, files, settings_digest(cfg), repair=False)  # beside a running evaluation: read only
     partial = sum(1 for (model, _, _) in units if model not in done and model not in excluded)
     left = (n_models - len(done)) * per_model - partial
@@ -115,26 +114,21 @@ def population_status(out) -> dict:
     if not isinstance(manifest["models"], list) or not all(isinstance(m, dict) and isinstance(m.get("name"), str)
                                                            for m in manifest["models"]):
         raise ValueError(f"{out / MANIFEST}: 'models' must be a list of model entries with a 'name'; restore it")
-    evaluations, excluded = {}, set(read_excluded(out))
+    evaluations, finished, excluded = {}, [], set(read_excluded(out))
     names = [m["name"] for m in manifest["models"]]
     for path in sorted(out.glob("evaluation*.json")):
         tag = path.stem[len("evaluation-"):] if path.stem.startswith("evaluation-") else ""
         if path.name == population_files(tag)["config"]:
-            evaluations[tag or "main"] = _evaluation(out, tag, names, excluded)
+            finished.append(set(read_results(out, tag)) - excluded)
+            evaluations[tag or "main"] = _evaluation(out, tag, names, excluded, finished[-1])
+    predicted = {r.get("model") for r in read_jsonl(out / PREDICTIONS) if isinstance(r, dict)} - {None}
+    # every stage: the test predictions and a record of every evaluation (an excluded model: its predictions)
+    every_stage = None if not finished else sum(n in predicted and (n in excluded or all(n in d for d in finished))
+                                                for n in names)
     plan = manifest["plan"] if isinstance(manifest["plan"], dict) else {}
     return dict(out=str(out), task=plan.get("task"), training=_training(out, manifest),
-                reliability=_reliability(out), calibration=_calibration(out), evaluations=evaluations,
-                excluded=sorted(excluded), every_stage=_every_stage(out, names, excluded, evaluations))
-
-
-def _every_stage(out: Path, names: list, excluded: set, evaluations: dict) -> int | None:
-    """Models with their test predictions and a record of every evaluation in ``evaluations`` (an excluded one:
-    its predictions); None before any evaluation."""
-    if not evaluations:
-        return None
-    predicted = {r.get("model") for r in read_jsonl(out / PREDICTIONS) if isinstance(r, dict)}
-    done = [set(read_results(out, "" if tag == "main" else tag)) for tag in evaluations]
-    return sum(n in predicted and (n in excluded or all(n in d for d in done)) for n in names)
+                reliability=_reliability(out, predicted), calibration=_calibration(out), evaluations=evaluations,
+                excluded=sorted(excluded), every_stage=every_stage)
 
 
 def _hours(h) -> str:

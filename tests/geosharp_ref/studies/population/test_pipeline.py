@@ -342,6 +342,11 @@ def test_a_calibration_whose_models_are_not_trained_is_refused_before_anything_i
     before = {str(p): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     with pytest.raises(ValueError, match=r"the calibration's models \['model_001'\] are not trained yet"):
         calibrate_population(out, **CALIBRATE, progress=False)
+    r = subprocess.run([sys.executable, "-m", "geosharp_ref.cli", "population", "calibrate", "--out", str(out),
+                        *PLAN["calibrate"]], env=cases.subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"geosharp: error: the calibration's models ['model_001'] are not trained yet; let `geosharp population "
+        f"train --out {out}` train them (or run `geosharp population pipeline`, which trains them first)"]
     assert {str(p): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     # its models trained, the training unfinished: the calibration runs
     calibrate_population(out, **dict(CALIBRATE, models=1), progress=False)
