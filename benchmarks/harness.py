@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from geosharp_ref.io.machine import cpu_name
+
 
 def sync(device):
     """Wait for the work queued on ``device`` (CUDA); nothing to wait for on CPU."""
@@ -91,15 +93,7 @@ def maxrss_bytes() -> int:
 
 def machine_info(device) -> dict:
     """The machine, thread count and library versions (torch, python, transformers; the GPU on CUDA)."""
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = dict(cpu=cpu, cores=os.cpu_count(), torch_threads=torch.get_num_threads(),
+    info = dict(cpu=cpu_name(), cores=os.cpu_count(), torch_threads=torch.get_num_threads(),
                 torch=torch.__version__, python=platform.python_version(), platform=platform.platform(),
                 device=str(device))
     try:

@@ -18,7 +18,6 @@ model_000 … model_058 (they are trained again); the pack these checks read is 
 """
 import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from pathlib import Path
 import torch
 
 from geosharp_ref.io.durable import write_json_atomic
+from geosharp_ref.io.machine import cpu_name
 from geosharp_ref.studies.population.evaluation import load_population_model
 from reproduce_first_models import blind_check_start  # beside this script
 
@@ -39,9 +39,7 @@ PATH_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", 
 
 def machine() -> dict:
     """This machine's CPU model, core count and torch's CPU capability."""
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
-    return dict(cpu=cpu, cores=os.cpu_count(), torch_cpu_capability=torch.backends.cpu.get_cpu_capability(),
+    return dict(cpu=cpu_name(), cores=os.cpu_count(), torch_cpu_capability=torch.backends.cpu.get_cpu_capability(),
                 torch=torch.__version__, environment={k: os.environ.get(k) for k in PATH_VARIABLES})
 
 

