@@ -63,6 +63,19 @@ def _check_size_and_iters(args) -> None:
         raise ValueError(f"--iters must be at least 1, got {args.iters}")
 
 
+def _radius(args, measure, batches) -> float:
+    """``--rho``, or the radius of matched perturbation size ``--target-relative-size``: ρ ↦ ‖Δθ‖/‖θ‖ fitted on the
+    first batch from the two probe radii :data:`PROBE_RHOS` (:func:`~geosharp_ref.sharpness.rho_for_size`), printed.
+    ``measure(rho, batches, progress=...)`` evaluates the chosen measure."""
+    if args.rho is not None:
+        return args.rho
+    sizes = [measure(r, batches[:1], progress=False).relative_size[0] for r in PROBE_RHOS]
+    rho = rho_for_size(PROBE_RHOS, sizes, [args.target_relative_size])[0]
+    print(f"  radius    : ρ = {rho:.4g} for ‖Δθ‖/‖θ‖ = {args.target_relative_size:g} (first batch: "
+          + ", ".join(f"ρ {r:g} → {x:.3g}" for r, x in zip(PROBE_RHOS, sizes)) + ")")
+    return rho
+
+
 def run(args) -> int:
     """``geosharp evaluate``: adaptive or geodesic sharpness of a saved model on a saved data set; with
     ``--measure`` a named measure (:func:`run_measure`)."""
@@ -126,13 +139,7 @@ def run(args) -> int:
                     dtype=options.dtype, progress=progress, length_buckets=args.length_buckets)
             return evaluate(model, on, rho, replace(options, progress=progress), smap=smap, symmetries=symmetries)
 
-    rho = args.rho
-    if rho is None:  # matched perturbation size: fit ρ ↦ ‖Δθ‖/‖θ‖ on the first batch from two probes
-        sizes = [measure(r, batches[:1], progress=False).relative_size[0] for r in PROBE_RHOS]
-        rho = rho_for_size(PROBE_RHOS, sizes, [args.target_relative_size])[0]
-        print(f"  radius    : ρ = {rho:.4g} for ‖Δθ‖/‖θ‖ = {args.target_relative_size:g} (first batch: "
-              + ", ".join(f"ρ {r:g} → {x:.3g}" for r, x in zip(PROBE_RHOS, sizes)) + ")")
-    result = measure(rho, batches)
+    result = measure(_radius(args, measure, batches), batches)
     cfg = result.config
     opts = f"APGD {cfg['n_iter']} iterations, {cfg['dtype'].replace('torch.', '')}" if not args.average_case else \
         f"{cfg['n_samples']} samples, {cfg['distribution']}, {cfg['dtype'].replace('torch.', '')}"
@@ -290,13 +297,7 @@ def run_measure(args) -> int:
             warnings.filterwarnings("ignore", category=NoAttentionPairsWarning)
             return m.evaluate(model, on, rho, symmetry_map=smap, **{**options, "progress": progress})
 
-    rho = args.rho
-    if rho is None:  # matched perturbation size, as for --metric
-        sizes = [measure(r, batches[:1], progress=False).relative_size[0] for r in PROBE_RHOS]
-        rho = rho_for_size(PROBE_RHOS, sizes, [args.target_relative_size])[0]
-        print(f"  radius    : ρ = {rho:.4g} for ‖Δθ‖/‖θ‖ = {args.target_relative_size:g} (first batch: "
-              + ", ".join(f"ρ {r:g} → {x:.3g}" for r, x in zip(PROBE_RHOS, sizes)) + ")")
-    result = measure(rho, batches)
+    result = measure(_radius(args, measure, batches), batches)
     cfg = result.config
     if cfg.get("factors") is not None:
         print(f"  factors   : {len(cfg['factors'])} quotiented symmetries (attention pairs and bindings)"
