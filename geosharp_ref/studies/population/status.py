@@ -14,8 +14,9 @@ timings only, and returns no value of any result, so it can be run at every sitt
 * **calibration**: whether ``calibration.json`` is written, else the finished probe runs of a calibration in
   progress (``calibration.units.jsonl``) and their mean time;
 * **each evaluation** (``evaluation.json``, ``evaluation-TAG.json``): models finished, units (measure × radius
-  of one model) finished of the model(s) in progress, units left, and, from the finished units' times, the
-  time left for one worker (an estimate: units of one evaluation take about the same time); whether
+  of one model) finished of the models in progress (models with some of their units written: one per worker),
+  units left, and, from the finished units' times, the time left for one worker (an estimate: units of one
+  evaluation take about the same time); whether
   ``correlate`` has run (``correlation[-TAG].json``); a model left out of the evaluations (``excluded.json``,
   :mod:`.exclusion`) is named and not counted in them;
 * **every stage** (where an evaluation has begun; ``population pipeline`` takes a whole model at a time): models
@@ -96,11 +97,13 @@ def _evaluation(out: Path, tag: str, names: list, excluded: set, done: set) -> d
     per_model = sum(len(v) for v in grid.values())
     n_models = sum(n not in excluded for n in names)  # an excluded model is not evaluated (exclusion.py)
     units = read_units(out, files, settings_digest(cfg), repair=False)  # beside a running evaluation: read only
-    partial = sum(1 for (model, _, _) in units if model not in done and model not in excluded)
+    in_progress = [model for (model, _, _) in units if model not in done and model not in excluded]
+    partial = len(in_progress)
     left = (n_models - len(done)) * per_model - partial
     mean = _mean([float(u["seconds"]) for u in units.values() if isinstance(u.get("seconds"), (int, float))])
     return dict(models_finished=len(done), models=n_models, units_per_model=per_model,
-                units_finished_in_models_in_progress=partial, units_left=left, mean_seconds_per_unit=mean,
+                models_in_progress=len(set(in_progress)), units_finished_in_models_in_progress=partial, units_left=left,
+                mean_seconds_per_unit=mean,
                 remaining_worker_hours=None if mean is None else left * mean / 3600,
                 correlated=(out / f"{files['correlation']}.json").is_file())
 
@@ -163,8 +166,10 @@ def format_status(status: dict) -> str:
                      f"{t['planned']} models")
     for tag, e in status["evaluations"].items():
         lines.append(f"  evaluation {tag}: {e['models_finished']} of {e['models']} models finished"
-                     + (f" (+{e['units_finished_in_models_in_progress']} of {e['units_per_model']} units of the "
-                        f"model(s) in progress)" if e["units_finished_in_models_in_progress"] else "")
+                     + (f" (+{e['units_finished_in_models_in_progress']} of "
+                        f"{e['models_in_progress'] * e['units_per_model']} units of the {e['models_in_progress']} "
+                        f"model{'s' if e['models_in_progress'] > 1 else ''} in progress)"
+                        if e["units_finished_in_models_in_progress"] else "")
                      + f", {e['units_left']} units left" + _hours(e["remaining_worker_hours"])
                      + ("; correlated" if e["correlated"] else ""))
     return "\n".join(lines)

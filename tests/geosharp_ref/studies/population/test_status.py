@@ -79,12 +79,22 @@ def test_status_of_a_killed_evaluation_and_calibration(reference, trained, tmp_p
     mean = statistics.fmean(u["seconds"] for u in units)
     left = (cases.POPULATION_MODELS - 1) * per_model - 3
     assert status["evaluations"] == {"main": dict(
-        models_finished=1, models=cases.POPULATION_MODELS, units_per_model=per_model,
+        models_finished=1, models=cases.POPULATION_MODELS, units_per_model=per_model, models_in_progress=1,
         units_finished_in_models_in_progress=3, units_left=left, mean_seconds_per_unit=mean,
         remaining_worker_hours=left * mean / 3600, correlated=False)}
     assert status["calibration"] == dict(written=False, probe_runs_finished=2,
                                          mean_seconds_per_run=statistics.fmean(u["seconds"] for u in runs))
-    assert "evaluation main: 1 of 4 models finished (+3 of 6 units" in format_status(status)
+    assert "main: 1 of 4 models finished (+3 of 6 units of the 1 model in progress)" in format_status(status)
+    # a second worker's model in progress (as `population pipeline` has one per worker): counted apart
+    other = next(m["name"] for m in json.loads((out / "population.json").read_text())["models"]
+                 if m["name"] not in {u["model"] for u in units})
+    with open(out / "results.units" / "rank1.jsonl", "w") as f:
+        f.write(json.dumps(dict(units[-1], model=other)) + "\n")
+    two = population_status(out)["evaluations"]["main"]
+    assert (two["models_in_progress"], two["units_finished_in_models_in_progress"], two["units_left"]) == \
+        (2, 4, left - 1)
+    assert f"(+4 of {2 * per_model} units of the 2 models in progress)" in format_status(population_status(out))
+    (out / "results.units" / "rank1.jsonl").unlink()
 
     pop.evaluate_population(out, **EVAL)  # finished: the units are gone, the records are whole
     pop.correlate_population(out, n_boot=20, plot=False)
