@@ -54,9 +54,9 @@ from .tasks import get_task
 from .text import TOKENIZED
 from .training import fit_one, measure_one, train_model_dir, write_record
 
-__all__ = ["SUMS", "RECORD", "WEIGHTS", "RETRAINED", "read_sums", "model_sums", "is_packed", "check_packed_models",
-           "pack_population", "rebuild_model", "rebuild_population", "weights_digest", "ensure_weights",
-           "run_in_workers", "restore_swapped", "one_thread"]
+__all__ = ["SUMS", "RECORD", "WEIGHTS", "RETRAINED", "STAMP", "read_sums", "model_sums", "is_packed",
+           "check_packed_models", "pack_population", "rebuild_model", "rebuild_population", "weights_digest",
+           "ensure_weights", "run_in_workers", "restore_swapped", "one_thread"]
 
 SUMS = "SHA256SUMS"
 RECORD = "geosharp_model.json"
@@ -267,6 +267,10 @@ def _install(tmp: Path, model_dir: Path, sums: dict) -> None:
     for n in sorted(sums, key=lambda n: (tmp / n).stat().st_size):
         os.replace(tmp / n, model_dir / n)
     fsync_dir(model_dir)
+
+
+#: the field of every line written of a model (pipeline records, test predictions): the SHA-256 of its weights
+STAMP = "weights_sha256"
 
 
 def weights_digest(out, entry: dict) -> str:

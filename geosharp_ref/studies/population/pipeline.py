@@ -49,15 +49,13 @@ from .evaluation import (MEASURES, check_bucketable, check_settings_file, evalua
                          plan_evaluation, read_results, read_units, settings_digest, sharpness_batches)
 from .exclusion import read_excluded
 from .manifest import MANIFEST, population_files, read_json_object, read_manifest
-from .pack import (RECORD, RETRAINED, check_packed_models, ensure_weights, restore_swapped, run_in_workers,
+from .pack import (RECORD, RETRAINED, STAMP, check_packed_models, ensure_weights, restore_swapped, run_in_workers,
                    weights_digest)
 from .reliability import PREDICTIONS, gap_reliability, predict_model, read_prediction_records, test_split
 from .training import TRAIN_LOCK
 
 __all__ = ["STAMP", "sync_manifest_entry", "discard_stale", "model_complete", "pipeline_model", "run_pipeline"]
 
-#: the field of every line the pipeline writes of a model: the SHA-256 of the weights it was computed on
-STAMP = "weights_sha256"
 _APPEND_LOCK = ".pipeline-append.lock"
 _MANIFEST_LOCK = ".manifest.lock"
 

@@ -35,7 +35,7 @@ from scipy.stats import kendalltau
 from ...io.durable import append_line, read_jsonl, write_json_atomic
 from .evaluation import load_population_model
 from .manifest import read_manifest
-from .pack import check_packed_models
+from .pack import STAMP, check_packed_models, weights_digest
 from .options import check_count, check_seed
 from .tasks import get_task
 from .training import logits_by_length
@@ -57,7 +57,8 @@ def test_split(out: Path, manifest: dict):
 
 def predict_test_set(out, batch_size: int = 256, threads: int | None = 1, progress: bool = True) -> dict:
     """``{model name: [predicted class per test example]}`` of every model (resumable: one fsync'd line per
-    model in ``test_predictions.jsonl``). Each model's recomputed test error must match its recorded one
+    model in ``test_predictions.jsonl``, with the SHA-256 of the weights that predicted, ``weights_sha256``, as the
+    population pipeline writes it). Each model's recomputed test error must match its recorded one
     (to one example: an argmax tie may flip with the batch size)."""
     out = Path(out)
     manifest = read_manifest(out)
@@ -76,7 +77,7 @@ def _predictions(out: Path, manifest: dict, split, batch_size: int, threads, pro
 
     for m in tqdm(todo, desc="test predictions", unit="model", disable=not progress or not todo):
         pred = predict_model(out, m, split, m["metrics"]["test_error"], batch_size, progress)
-        append_line(path, dict(model=m["name"], predictions=pred))
+        append_line(path, {"model": m["name"], "predictions": pred, STAMP: weights_digest(out, m)})
         done[m["name"]] = pred
     return {m["name"]: done[m["name"]] for m in manifest["models"]}
 
@@ -98,7 +99,7 @@ def predict_model(out, entry: dict, split, test_error: float, batch_size: int = 
 def read_prediction_records(path: Path, n_test: int, repair: bool = True) -> list:
     """The complete lines of ``test_predictions.jsonl`` (a torn last line repaired on disk where ``repair``, else
     only skipped), each checked to be a model's predictions: ``{"model": name, "predictions": [class index per test
-    example]}``."""
+    example]}`` (and, where written since the pipeline, ``"weights_sha256"``: the weights' digest)."""
     records = read_jsonl(path, repair=repair)
     for i, r in enumerate(records, start=1):
         preds = r.get("predictions") if isinstance(r, dict) else None

@@ -1,6 +1,7 @@
 """Split-half reliability of a population's gaps (``geosharp_ref.studies.population.reliability``), on the
 tiny vision population: predictions against the recorded test errors, τ_half against a direct recomputation
 with scipy, resumption, and the bad inputs."""
+import hashlib
 import io
 import json
 import math
@@ -13,6 +14,8 @@ from scipy.stats import kendalltau
 from geosharp_ref.cli import main
 from geosharp_ref.studies.population.evaluation import load_population_model
 from geosharp_ref.studies.population.manifest import read_manifest
+from geosharp_ref.studies.population.pack import STAMP
+from geosharp_ref.studies.population.pipeline import model_complete
 from geosharp_ref.studies.population.reliability import (PREDICTIONS, gap_reliability, split_half_gaps,
                                                           predict_test_set)
 from geosharp_ref.studies.population.tasks import get_task
@@ -37,6 +40,17 @@ def test_predictions_reproduce_the_recorded_test_errors(population):
     with torch.no_grad():
         direct = [int(model(**{k: v[i:i + 1] for k, v in split.test.items()}).logits.argmax(-1)) for i in range(5)]
     assert preds[man["models"][1]["name"]][:5] == direct
+
+
+def test_each_line_carries_the_digest_of_the_weights_that_predicted(population):
+    """A hand-started run stamps its lines as the pipeline does, so the pipeline does not predict those models again."""
+    predict_test_set(population, progress=False)
+    man = read_manifest(population)
+    digests = {m["name"]: hashlib.sha256((population / m["dir"] / "model.safetensors").read_bytes()).hexdigest()
+               for m in man["models"]}
+    lines = cases.jsonl(population / PREDICTIONS)
+    assert {r["model"]: r[STAMP] for r in lines} == digests and len(lines) == len(digests)
+    assert all(model_complete(population, m, tags=[], excluded=set()) for m in man["models"])
 
 
 def test_split_half_tau_against_a_direct_recomputation(population):
