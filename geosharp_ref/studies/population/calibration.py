@@ -28,6 +28,7 @@ uninterrupted run). Runs measured under other settings are not reused. The file 
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import warnings
@@ -39,7 +40,7 @@ import torch
 from ...io.durable import append_line, exclusive_lock, read_jsonl, write_json_atomic
 from ...sharpness.measures import MEASURES as NAMED_MEASURES
 from ...sharpness.pipeline import MAX_RHO
-from ...sharpness import get_measure, rho_for_size
+from ...sharpness import at_theta, get_measure, rho_for_size
 from ...symmetry import symmetry_map as build_symmetry_map
 from .evaluation import (MEASURES, check_bucketable, load_population_model, rho_key, settings_digest,
                          sharpness_batches)
@@ -227,7 +228,8 @@ def _probe_sizes(out: Path, entries, batch, settings, measures, probes, n_iter, 
                  length_buckets, stamps: dict) -> tuple[dict, float]:
     """``({measure: {rho_key: [relative size per model]}}, seconds)``: every probe run of the calibration (the
     manifest ``entries`` on ``batch``), each appended to ``calibration.units.jsonl`` as it finishes, so a killed
-    calibration resumes after its last finished run (runs of other settings are not reused)."""
+    calibration resumes after its last finished run (runs of other settings are not reused). A model's runs share
+    what they compute at θ alone (:func:`~geosharp_ref.sharpness.at_theta.keeping`, as a model's evaluation does)."""
     if threads:
         torch.set_num_threads(threads)
     from tqdm.auto import tqdm
@@ -238,26 +240,29 @@ def _probe_sizes(out: Path, entries, batch, settings, measures, probes, n_iter, 
     seconds = 0.0
     bar = tqdm(total=len(entries) * len(measures) * len(probes), desc="calibrate", unit="run", disable=not progress)
     for entry in entries:
-        model = smap = None
-        for m in measures:
-            meas = NAMED_MEASURES[m]
-            for r in probes:
-                key = (entry["name"], m, rho_key(r))
-                if key not in done:
-                    if model is None:
-                        model = load_population_model(out, entry, progress)
-                        with warnings.catch_warnings():
-                            warnings.simplefilter("ignore")
-                            smap = build_symmetry_map(model)
-                    t0 = time.perf_counter()
-                    res = meas.evaluate(model, [batch], r, n_iter=n_iter, seed=seed, length_buckets=length_buckets,
-                                        **({} if meas.metric is None else {"symmetry_map": smap}))
-                    done[key] = (float(res.relative_size[0]), time.perf_counter() - t0)
-                    append_line(out / CALIBRATION_UNITS, dict(model=key[0], measure=m, rho=key[2], settings=digest,
-                                                              relative_size=done[key][0], seconds=done[key][1],
-                                                              **stamps.get(key[0], {})))
-                measured[m][rho_key(r)].append(done[key][0])
-                seconds += done[key][1]
-                bar.update(1)
+        with contextlib.ExitStack() as scope:  # a model's runs share what they compute at θ alone
+            model = smap = None
+            for m in measures:
+                meas = NAMED_MEASURES[m]
+                for r in probes:
+                    key = (entry["name"], m, rho_key(r))
+                    if key not in done:
+                        if model is None:
+                            model = load_population_model(out, entry, progress)
+                            scope.enter_context(at_theta.keeping(model))
+                            with warnings.catch_warnings():
+                                warnings.simplefilter("ignore")
+                                smap = build_symmetry_map(model)
+                        t0 = time.perf_counter()
+                        res = meas.evaluate(model, [batch], r, n_iter=n_iter, seed=seed,
+                                            length_buckets=length_buckets,
+                                            **({} if meas.metric is None else {"symmetry_map": smap}))
+                        done[key] = (float(res.relative_size[0]), time.perf_counter() - t0)
+                        append_line(out / CALIBRATION_UNITS,
+                                    dict(model=key[0], measure=m, rho=key[2], settings=digest,
+                                         relative_size=done[key][0], seconds=done[key][1], **stamps.get(key[0], {})))
+                    measured[m][rho_key(r)].append(done[key][0])
+                    seconds += done[key][1]
+                    bar.update(1)
     bar.close()
     return measured, seconds

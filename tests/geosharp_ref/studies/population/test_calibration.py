@@ -1,12 +1,15 @@
 """Calibrating a population's radii (geosharp_ref.studies.population.calibration): the fit passes through the
 measured medians, and a calibration killed between its probe runs resumes after its last finished run with the
-uninterrupted calibration's radii (the shared tiny ViT population of conftest.py)."""
+uninterrupted calibration's radii, and a model's probe runs share what they compute at θ (the shared tiny ViT
+population of conftest.py)."""
+import contextlib
 import json
 import math
 
 import numpy as np
 import pytest
 
+from geosharp_ref.sharpness import at_theta
 from geosharp_ref.studies.population import calibration
 from geosharp_ref.studies.population.calibration import CALIBRATION_UNITS, calibrate_population
 from tests import cases
@@ -39,6 +42,29 @@ def test_the_fit_passes_through_the_measured_medians(calibrated):
         slope = math.log(s2 / s1) / math.log(r2 / r1)
         for rho, size in zip(cal["grid"][m], sizes):  # log s = log s1 + slope · log(ρ/ρ1), solved for ρ
             assert rho == pytest.approx(r1 * (size / s1) ** (1 / slope), rel=1e-3)
+
+
+def test_a_models_probe_runs_share_what_they_compute_at_theta(calibrated, trained, tmp_path, monkeypatch):
+    """Each model's runs share one at_theta scope: the calibration equals the one whose every run computes its
+    values at θ again (no scope), with fewer forward passes; no scope is left open."""
+    forwards, models = [], []
+    load = calibration.load_population_model
+
+    def counted(*args, **kwargs):
+        model = load(*args, **kwargs)
+        model.register_forward_hook(lambda *_: forwards.append(1))
+        models.append(model)
+        return model
+    monkeypatch.setattr(calibration, "load_population_model", counted)
+    kept = calibrate_population(cases.copy_population(trained, tmp_path / "kept"), **CAL)
+    n_kept = len(forwards)
+    forwards.clear()
+    monkeypatch.setattr(at_theta, "keeping", lambda model: contextlib.nullcontext())
+    apart = calibrate_population(cases.copy_population(trained, tmp_path / "apart"), **CAL)
+    reference = _without_timing(json.loads((calibrated / "calibration.json").read_text()))
+    assert _without_timing(kept) == _without_timing(apart) == reference
+    assert 0 < n_kept < len(forwards) and len(models) == 2 * CAL["models"]
+    assert not any(m in at_theta._MEMOS for m in models)
 
 
 def test_a_killed_calibration_resumes_after_its_last_finished_run(calibrated, trained, tmp_path, monkeypatch):
