@@ -14,7 +14,8 @@ measures per batch compute it once, not fifteen times (one forward and backward 
 Nothing is kept outside a scope: ``with keeping(model):`` promises that, until it ends, nothing changes the
 model's forward except through its parameters and buffers (no hook added or removed, no attribute set, no write
 through ``.data`` or a NumPy view, which move no version counter). The population's
-:func:`~geosharp_ref.studies.population.evaluation.evaluate_model` opens one per model. Inside it, values are
+:func:`~geosharp_ref.studies.population.evaluation.evaluate_model` opens one per model, and so does the
+calibration's probing (:mod:`~geosharp_ref.studies.population.calibration`). Inside it, values are
 kept only for :func:`~geosharp_ref.forward.default_loss` (a loss of one's own may read anything), for a model in
 eval mode (dropout draws anew), and used only while
 

@@ -249,10 +249,10 @@ def _probe_sizes(out: Path, entries, batch, settings, measures, probes, n_iter, 
                     if key not in done:
                         if model is None:
                             model = load_population_model(out, entry, progress)
-                            scope.enter_context(at_theta.keeping(model))
                             with warnings.catch_warnings():
                                 warnings.simplefilter("ignore")
                                 smap = build_symmetry_map(model)
+                            scope.enter_context(at_theta.keeping(model))  # the model is not changed from here
                         t0 = time.perf_counter()
                         res = meas.evaluate(model, [batch], r, n_iter=n_iter, seed=seed,
                                             length_buckets=length_buckets,
