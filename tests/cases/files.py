@@ -128,6 +128,22 @@ def quiet_transformers():
     return tf
 
 
+def recipes_in_space(task, count: int, space: dict, train_size: int) -> list:
+    """The first ``count`` recipes of the population ``task`` (``sample_hparams(i)``), each asserted to lie in the
+    declared recipe ``space`` (lr within its range, epochs within theirs, every other choice one of its values) with
+    ``train_size`` documents and no label noise, and drawn the same again (deterministic)."""
+    draws = [task.sample_hparams(i) for i in range(count)]
+    lo, hi = space["lr"]
+    for h in draws:
+        assert lo * (1 - 1e-3) <= h["lr"] <= hi * (1 + 1e-3)
+        assert space["epochs"][0] <= h["epochs"] <= space["epochs"][1]
+        for k in ("weight_decay", "batch_size", "warmup", "label_smoothing", "augment"):
+            assert h[k] in space[k]
+        assert h["train_size"] == train_size and h["label_noise"] == 0.0
+    assert draws == [task.sample_hparams(i) for i in range(count)]
+    return draws
+
+
 def assert_refused_and_nothing_written(run, argv, root, out, needles=()):
     """Run the command line (``run(argv) -> (exit code, stdout, stderr)``) on a bad input and assert what every
     refusal owes: exit 2, nothing on stdout, exactly one ``geosharp: error:`` line on stderr containing every

@@ -20,6 +20,7 @@ from geosharp_ref.studies.population.tweets import (ABLATION_PROTOCOL, ACCEPTED_
                                                     DECLARED_SPACE, EVALUATION_PROTOCOL, PILOT_CORNERS, POOL,
                                                     RECIPE_SPACE, TWEET_LABELS, TweetsPilotTask, TweetsRecipesTask,
                                                     corpus_file, read_tweets, tweets_split)
+from tests import cases
 
 
 @pytest.fixture(scope="module")
@@ -70,16 +71,7 @@ def test_tiny_corpus_dedupes_and_drops_conflicts(tiny_corpus):
 
 
 def test_recipes_come_from_the_declared_space():
-    task = TweetsRecipesTask()
-    draws = [task.sample_hparams(i) for i in range(80)]
-    lo, hi = RECIPE_SPACE["lr"]
-    for h in draws:
-        assert lo * (1 - 1e-3) <= h["lr"] <= hi * (1 + 1e-3)
-        assert RECIPE_SPACE["epochs"][0] <= h["epochs"] <= RECIPE_SPACE["epochs"][1]
-        for k in ("weight_decay", "batch_size", "warmup", "label_smoothing", "augment"):
-            assert h[k] in RECIPE_SPACE[k]
-        assert h["train_size"] == POOL and h["label_noise"] == 0.0
-    assert draws == [task.sample_hparams(i) for i in range(80)]
+    draws = cases.recipes_in_space(TweetsRecipesTask(), 80, RECIPE_SPACE, POOL)
     assert len({h["seed"] for h in draws}) == 80
 
 
@@ -459,7 +451,6 @@ def test_analyse_runs_the_protocols_analysis_on_a_population(reference, tmp_path
     from geosharp_ref.studies.population.reliability import gap_reliability
     from geosharp_ref.studies.population.tweets_analysis import (ablation_contrasts, analyse, curvature_analysis,
                                                                  holm)
-    from tests import cases
 
     out = cases.copy_population(reference, tmp_path, results=True)
     gap_reliability(out, splits=20, progress=False)
