@@ -51,7 +51,8 @@ from .exclusion import read_excluded
 from .manifest import MANIFEST, population_files, read_json_object, read_manifest
 from .pack import (RECORD, RETRAINED, STAMP, check_packed_models, ensure_weights, restore_swapped, run_in_workers,
                    weights_digest)
-from .reliability import PREDICTIONS, gap_reliability, predict_model, read_prediction_records, test_split
+from .reliability import (PREDICTIONS, gap_reliability, predict_model, prediction_record, read_prediction_records,
+                          test_split)
 from .training import TRAIN_LOCK
 
 __all__ = ["STAMP", "sync_manifest_entry", "discard_stale", "model_complete", "pipeline_model", "run_pipeline"]
@@ -191,7 +192,7 @@ def pipeline_model(out, name: str, plans: list, progress: bool = False) -> str:
     if not _predicted(out, name, digest):
         split = _cached(("split", str(out)), lambda: test_split(out, manifest))
         pred = predict_model(out, entry, split, metrics["test_error"], 256, progress)
-        _append(out, out / PREDICTIONS, {"model": name, "predictions": pred, STAMP: digest})
+        _append(out, out / PREDICTIONS, prediction_record(name, pred, digest))
     if name in excluded:
         return name
     for plan in plans:

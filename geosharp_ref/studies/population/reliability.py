@@ -41,7 +41,8 @@ from .tasks import get_task
 from .training import logits_by_length
 
 __all__ = ["predict_test_set", "predict_model", "test_split", "split_half_gaps", "split_half_reliability",
-           "gap_reliability", "read_prediction_records", "PREDICTIONS", "RELIABILITY"]
+           "gap_reliability", "prediction_record", "read_prediction_records", "PREDICTIONS",
+           "RELIABILITY"]
 
 PREDICTIONS = "test_predictions.jsonl"
 RELIABILITY = "reliability.json"
@@ -77,7 +78,7 @@ def _predictions(out: Path, manifest: dict, split, batch_size: int, threads, pro
 
     for m in tqdm(todo, desc="test predictions", unit="model", disable=not progress or not todo):
         pred = predict_model(out, m, split, m["metrics"]["test_error"], batch_size, progress)
-        append_line(path, {"model": m["name"], "predictions": pred, STAMP: weights_digest(out, m)})
+        append_line(path, prediction_record(m["name"], pred, weights_digest(out, m)))
         done[m["name"]] = pred
     return {m["name"]: done[m["name"]] for m in manifest["models"]}
 
@@ -94,6 +95,12 @@ def predict_model(out, entry: dict, split, test_error: float, batch_size: int = 
         raise ValueError(f"{entry['name']}: its test predictions give test error {error:.4f}, the manifest records "
                          f"{test_error:.4f}; the model directory and the manifest of {out} do not belong together")
     return pred.tolist()
+
+
+def prediction_record(name: str, predictions: list, digest: str) -> dict:
+    """One line of ``test_predictions.jsonl``: model ``name``'s predicted class per test example and ``digest``, the
+    SHA-256 of the weights that predicted them (``weights_sha256``; :func:`~.pack.weights_digest`)."""
+    return {"model": name, "predictions": predictions, STAMP: digest}
 
 
 def read_prediction_records(path: Path, n_test: int, repair: bool = True) -> list:
