@@ -46,6 +46,7 @@ import torch
 
 # subgroups of GL(h) given by a Lie subalgebra (RoPE): defined in runtime_subgroup, re-exported here, where the
 # generated kernels (``from codegen import runtime as _rt``) and callers find them
+from . import runtime_subgroup as _subgroup
 from .runtime_subgroup import (
     PAIRINGS,
     SparseBasis,
@@ -69,16 +70,7 @@ __all__ = [
     "SylvesterFactors",
     "sylvester_spd_product_factors",
     "solve_sylvester_factored",
-    "PAIRINGS",
-    "rope_pairs",
-    "rope_basis",
-    "SparseBasis",
-    "subalgebra_system",
-    "subalgebra_coordinates",
-    "subalgebra_element",
-    "subalgebra_project",
-    "solve_subalgebra",
-    "random_rope_element",
+    *_subgroup.__all__,
 ]
 
 

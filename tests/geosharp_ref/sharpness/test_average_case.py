@@ -8,7 +8,6 @@ standard error (which falls as 1/√n), and orbit invariance with common random 
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ from geosharp_ref.sharpness import build_space, get_measure
 from geosharp_ref.sharpness.average_case import (_gl_block, average_case_sharpness, isotropic_sample,
                                                  sample_perturbation)
 from geosharp_ref.symmetry import symmetry_map
-from geosharp_ref.testing import group_element, orbit_points, tiny_batch, tiny_model
+from geosharp_ref.testing import group_element, orbit_points
 from geosharp_ref.sampling import well_conditioned
 from geosharp_ref.verification.orbits import model_with_params, relative_change
 from tests import cases
@@ -42,14 +41,6 @@ def test_gl_sampler_row_covariance_is_the_inverse_metric(metric, eps):
     want = G.mT @ G + eps * I if metric == "inv" else torch.linalg.inv(H.mT @ H + eps * I)
     white = torch.linalg.solve(want, emp)  # ≈ I
     assert float((white - I).abs().max()) < 0.04
-
-
-@pytest.fixture(scope="module")
-def bert():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = tiny_model("bert").to(DT)
-    return model, tiny_batch(model)
 
 
 @pytest.mark.parametrize("metric", ["inv", "mix"])

@@ -23,7 +23,7 @@ from geosharp_ref.sharpness.exact_geodesic import (DEFAULT_STEPS, ExactGeodesicA
                                                    second_order_params)
 from geosharp_ref.sharpness.pipeline import EvaluationOptions
 from geosharp_ref.symmetry import NoAttentionPairsWarning, symmetry_map
-from geosharp_ref.testing import orbit_points, tiny_batch, tiny_model
+from geosharp_ref.testing import orbit_points
 from geosharp_ref.verification.orbits import model_with_params, relative_change
 from geosharp_ref.verification.reference import geodesic_acceleration as koszul_acceleration
 from geosharp_ref.verification.reference import integrate_geodesic
@@ -102,14 +102,6 @@ def test_geodesic_stays_horizontal(name):
 
 
 # -- on a model ---------------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def bert():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = tiny_model("bert").to(DT)
-    return model, tiny_batch(model)
-
 
 def _space(model, metric, fast=True, **kw):
     params = {n: p.detach() for n, p in model.named_parameters()}

@@ -12,9 +12,7 @@ def lora_bert():
     pytest.importorskip("peft")
     torch.manual_seed(0)
     model = cases.lora(cases.bert(initializer_range=cases.IR)).to(torch.float64).eval()
-    batch = ({"input_ids": torch.randint(3, 50, (4, 7), generator=torch.Generator().manual_seed(1))},
-             torch.tensor([0, 1, 2, 1]))
-    return model, batch
+    return model, cases.text_batch64()
 
 
 @pytest.fixture(scope="package")

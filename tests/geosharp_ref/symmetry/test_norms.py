@@ -20,7 +20,7 @@ from tests import cases
 def bert():
     torch.manual_seed(0)
     model = cases.bert(initializer_range=cases.IR).to(torch.float64).eval()
-    return model, _ids_batch()
+    return model, cases.text_batch64()
 
 
 EMB = ("bert.embeddings.word_embeddings.weight", "bert.embeddings.position_embeddings.weight",
@@ -30,11 +30,6 @@ EMB = ("bert.embeddings.word_embeddings.weight", "bert.embeddings.position_embed
 LOGITS = lambda o: o.logits  # noqa: E731
 
 
-def _ids_batch():
-    return ({"input_ids": torch.randint(3, 50, (4, 7), generator=torch.Generator().manual_seed(1))},
-            torch.tensor([0, 1, 2, 1]))
-
-
 def _bert_eps0():
     torch.manual_seed(0)
     return cases.bert(initializer_range=cases.IR, layer_norm_eps=0.0).to(torch.float64).eval()
@@ -42,7 +37,7 @@ def _bert_eps0():
 
 @pytest.fixture(scope="module")
 def bert_eps0():
-    return _bert_eps0(), _ids_batch()
+    return _bert_eps0(), cases.text_batch64()
 
 
 def _a(value):
@@ -87,7 +82,7 @@ def test_norm_scaling_is_refused_where_a_tied_decoder_reads_the_word_table():
     model = T.BertForMaskedLM(T.BertConfig(vocab_size=50, max_position_embeddings=32, layer_norm_eps=0.0,
                                            initializer_range=cases.IR, attn_implementation="eager",
                                            **cases.SMALL)).to(torch.float64).eval()
-    batch = _ids_batch()
+    batch = cases.text_batch64()
     (cand,) = norm_scaling_candidates(model)
     assert cand.binding is None and cand.key == "bert.embeddings.LayerNorm:norm-scaling"
     assert "tied to cls.predictions.decoder.weight" in cand.reason and "get_output_embeddings()" in cand.reason
@@ -172,7 +167,7 @@ def test_pre_ln_stream_of_vit_is_exact_with_eps_zero_and_refused_with_eps():
 
 
 def test_pre_ln_stream_of_gpt2_is_refused_when_the_lm_head_is_tied_and_exact_untied():
-    batch = _ids_batch()
+    batch = cases.text_batch64()
     torch.manual_seed(0)
     tied = cases.gpt2(initializer_range=cases.IR, layer_norm_epsilon=0.0).to(torch.float64).eval()
     (key, why), = norm_scaling_bindings(tied, batch, LOGITS)[1]
@@ -189,7 +184,7 @@ def test_llama_stream_scaling_is_exact_once_float64_is_float64():
     """Llama's RMSNorm computes in float32 even in a float64 model; the checks run the forward inside
     geosharp_ref.precision.keep_float64, so with eps = 0 the stream scaling is exact at a = 1e±2 (and at the
     powers of two, exact in floating point, as well)."""
-    batch = _ids_batch()
+    batch = cases.text_batch64()
     torch.manual_seed(0)
     model = cases.llama(rms_norm_eps=0.0).to(torch.float64).eval()
     (b,), refused = norm_scaling_bindings(model, batch, LOGITS)
