@@ -158,14 +158,29 @@ def assert_refused_and_nothing_written(run, argv, root, out, needles=()):
     assert not out.exists() and sorted(p.relative_to(root) for p in root.rglob("*")) == before
 
 
-def cli_error_line(capsys, argv) -> str:
-    """Run ``geosharp ARGV`` in this process and return its one ``geosharp: error:`` line, asserting exit code 2 and
-    that stderr holds nothing else."""
+def run_cli(capsys, argv):
+    """Run ``geosharp ARGV`` (each argument as ``str``) in this process: ``(exit code, stdout, stderr)``, what it
+    printed alone (capsys is read before and after)."""
     from geosharp_ref.cli import main
 
     capsys.readouterr()
-    rc = main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def assert_data_refused(capsys, argv, needles, root):
+    """``geosharp ARGV --out ROOT/out/data.pt`` (a ``data`` command line) on a bad input: refused as
+    :func:`assert_refused_and_nothing_written` asserts, with ``needles`` in its error line."""
+    out = root / "out" / "data.pt"
+    assert_refused_and_nothing_written(lambda a: run_cli(capsys, a), argv + ["--out", str(out)], root, out, needles)
+
+
+def cli_error_line(capsys, argv) -> str:
+    """Run ``geosharp ARGV`` in this process and return its one ``geosharp: error:`` line, asserting exit code 2 and
+    that stderr holds nothing else."""
+    rc, _, err = run_cli(capsys, argv)
+    err = err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("geosharp: error: "), (rc, err)
     return err[0]
 

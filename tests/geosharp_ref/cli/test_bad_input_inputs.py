@@ -5,9 +5,9 @@ dtype of their float64 copy."""
 import pytest
 import torch
 
-from geosharp_ref.cli import main
 from geosharp_ref.forward import call_model, float64_inputs, model_logits
 from tests import cases
+from tests.cases import run_cli
 
 BAD_INPUTS = {  # the tiny BERT of conftest.saved: vocabulary 50, 32 positions
     "ids outside the vocabulary": (torch.randint(50, 99, (4, 8)), ["token id", "outside the model's vocabulary "
@@ -16,13 +16,6 @@ BAD_INPUTS = {  # the tiny BERT of conftest.saved: vocabulary 50, 32 positions
     "sequences longer than the positions": (torch.randint(50, (4, 40)), ["sequences of 40 tokens",
                                                                           "take at most 32", "--max-length 32"]),
 }
-
-
-def _run(capsys, argv):
-    capsys.readouterr()
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def _commands(saved, data, out):
@@ -39,14 +32,14 @@ def test_inputs_the_model_cannot_take_are_refused_before_compute(saved, tmp_path
     torch.save({"inputs": {"input_ids": ids}, "targets": torch.zeros(ids.shape[0], dtype=torch.long)}, data)
     out = tmp_path / "out" / "r.json"
     for name, argv in _commands(saved, data, out).items():
-        cases.assert_refused_and_nothing_written(lambda a: _run(capsys, a), argv, tmp_path, out, needles)
+        cases.assert_refused_and_nothing_written(lambda a: run_cli(capsys, a), argv, tmp_path, out, needles)
 
 
 def test_the_same_ids_in_range_are_accepted(saved, tmp_path, capsys):
     """The control: ids inside the vocabulary and 8 ≤ 32 positions run (the refusals above are the inputs')."""
     data = tmp_path / "d.pt"
     torch.save({"inputs": {"input_ids": torch.randint(50, (4, 8))}, "targets": torch.zeros(4, dtype=torch.long)}, data)
-    rc, printed, _ = _run(capsys, ["symmetries", saved / "bert", "--data", data])
+    rc, printed, _ = run_cli(capsys, ["symmetries", saved / "bert", "--data", data])
     assert rc == 0 and "symmetries of BertForSequenceClassification" in printed
 
 
@@ -67,9 +60,9 @@ def resnet(tmp_path_factory):
 
 def test_images_reach_the_float64_copy_of_a_model_without_attention(resnet, capsys):
     root, model, pixels = resnet
-    rc, printed, err = _run(capsys, ["verify", root / "resnet", "--data", root / "img.pt"])
+    rc, printed, err = run_cli(capsys, ["verify", root / "resnet", "--data", root / "img.pt"])
     assert rc == 0 and "PASS" in printed, err
-    rc, printed, err = _run(capsys, ["symmetries", root / "resnet", "--data", root / "img.pt"])
+    rc, printed, err = run_cli(capsys, ["symmetries", root / "resnet", "--data", root / "img.pt"])
     assert rc == 0 and "symmetries of ResNetForImageClassification" in printed, err
     # what the commands now compute on: the float64 copy on the cast images, equal to the float32 model to its
     # precision (an independent forward pass in float32)

@@ -7,23 +7,16 @@ import shutil
 import pytest
 import torch
 
-from geosharp_ref.cli import main
 from geosharp_ref.io.data import library_reason
 from tests import cases
-
-
-def _run(capsys, argv):
-    capsys.readouterr()
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
+from tests.cases import run_cli
 
 
 def _refused(capsys, argv, root, needles, absent=()):
     out = root / "r.json"
-    cases.assert_refused_and_nothing_written(lambda a: _run(capsys, a), [*argv, "--json", out], root, out, needles)
+    cases.assert_refused_and_nothing_written(lambda a: run_cli(capsys, a), [*argv, "--json", out], root, out, needles)
     # assert_refused_and_nothing_written has checked one line; here what must not be in it
-    _, _, err = _run(capsys, [*argv, "--json", out])
+    _, _, err = run_cli(capsys, [*argv, "--json", out])
     for text in absent:
         assert text not in err, err
 

@@ -4,9 +4,8 @@ that exits, raises KeyboardInterrupt or never returns while it is loaded; ``Metr
 its ``BLOCKS``. Each: exit 2, one ``geosharp: error:`` line, nothing written."""
 import pytest
 
-from geosharp_ref.cli import main
 from tests import cases
-from tests.cases import ROOT
+from tests.cases import ROOT, run_cli
 
 HEADER = """from sympy import Inverse, Trace
 from derivations import Metric, gl_pair
@@ -29,13 +28,6 @@ SPECS = {  # spec file body -> what the line says
 }
 
 
-def _run(capsys, argv):
-    capsys.readouterr()
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
 @pytest.mark.parametrize("case", sorted(SPECS))
 def test_spec_files_refused_in_one_line(tmp_path, capsys, monkeypatch, case):
     monkeypatch.setenv("GEOSHARP_SPEC_TIMEOUT", "0.5")
@@ -43,8 +35,8 @@ def test_spec_files_refused_in_one_line(tmp_path, capsys, monkeypatch, case):
     spec = tmp_path / "spec.py"
     spec.write_text(body)
     out = tmp_path / "generated"
-    cases.assert_refused_and_nothing_written(lambda a: _run(capsys, a), ["derive", "--spec", spec, "--out", out],
-                                             tmp_path, out, needles)
+    cases.assert_refused_and_nothing_written(lambda a: run_cli(capsys, a), ["derive", "--spec", spec, "--out", out],
+                                                tmp_path, out, needles)
 
 
 def test_a_bad_timeout_setting_is_refused(tmp_path, capsys, monkeypatch):
@@ -52,8 +44,8 @@ def test_a_bad_timeout_setting_is_refused(tmp_path, capsys, monkeypatch):
     spec = tmp_path / "spec.py"
     spec.write_text(HEADER)
     out = tmp_path / "generated"
-    cases.assert_refused_and_nothing_written(lambda a: _run(capsys, a), ["derive", "--spec", spec, "--out", out],
-                                             tmp_path, out, ["GEOSHARP_SPEC_TIMEOUT='-1' must be a positive number"])
+    cases.assert_refused_and_nothing_written(lambda a: run_cli(capsys, a), ["derive", "--spec", spec, "--out", out],
+                                                tmp_path, out, ["GEOSHARP_SPEC_TIMEOUT='-1' must be a positive number"])
 
 
 def _generated(tmp_path, edit):
@@ -73,7 +65,7 @@ def test_generated_modules_refused_in_one_line(saved, tmp_path, capsys, case, ed
     out = tmp_path / "r.json"
     argv = ["evaluate", saved / "bert", "--data", saved / "bert.pt", "--rho", "0.05", "--metric", "gl_mine",
             "--spec", module, "--json", out]
-    cases.assert_refused_and_nothing_written(lambda a: _run(capsys, a), argv, tmp_path, out, needles)
+    cases.assert_refused_and_nothing_written(lambda a: run_cli(capsys, a), argv, tmp_path, out, needles)
 
 
 def test_the_untouched_generated_module_loads(tmp_path):

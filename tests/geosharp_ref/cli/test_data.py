@@ -10,8 +10,8 @@ from PIL import Image
 from transformers import (AutoImageProcessor, AutoTokenizer, BertConfig, BertForSequenceClassification, ViTConfig,
                           ViTForImageClassification, ViTImageProcessor)
 
-from geosharp_ref.cli import main
 from tests import cases
+from tests.cases import run_cli
 
 L = 10
 ROWS = [
@@ -55,16 +55,10 @@ def models(tmp_path_factory):
     return root
 
 
-def _run(capsys, argv):
-    rc = main(argv)
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
 def test_text_file_builds_and_evaluates(models, tmp_path, capsys):
     out = tmp_path / "sub" / "data.pt"
-    rc, printed, _ = _run(capsys, ["data", str(models / "bert"), "--text", str(models / "text.csv"), "--text-column",
-                                   "text", "--label-column", "label", "--max-length", str(L), "--out", str(out)])
+    rc, printed, _ = run_cli(capsys, ["data", str(models / "bert"), "--text", str(models / "text.csv"), "--text-column",
+                                      "text", "--label-column", "label", "--max-length", str(L), "--out", str(out)])
     assert rc == 0 and out.is_file()
     d = torch.load(out, weights_only=True)
     tok = AutoTokenizer.from_pretrained(str(models / "bert"), local_files_only=True)
@@ -81,14 +75,14 @@ def test_text_file_builds_and_evaluates(models, tmp_path, capsys):
     assert f"max length: {L} tokens" in printed and f"input_ids ({len(ROWS)}, {L})" in printed
     for i, name in enumerate(names):
         assert f"{i:>3} {name:<8}  2" in printed
-    rc, printed, _ = _run(capsys, ["evaluate", str(models / "bert"), "--data", str(out), "--rho", "0.05",
-                                   "--metric", "mix", "--batch-size", "2", "--iters", "2"])
+    rc, printed, _ = run_cli(capsys, ["evaluate", str(models / "bert"), "--data", str(out), "--rho", "0.05",
+                                      "--metric", "mix", "--batch-size", "2", "--iters", "2"])
     assert rc == 0 and "3 batches × 2" in printed
 
 
 def test_images_build_and_evaluate(models, tmp_path, capsys):
     out = tmp_path / "imgs.pt"
-    rc, printed, _ = _run(capsys, ["data", str(models / "vit"), "--images", str(models / "imgs"), "--out", str(out)])
+    rc, printed, _ = run_cli(capsys, ["data", str(models / "vit"), "--images", str(models / "imgs"), "--out", str(out)])
     assert rc == 0
     d = torch.load(out, weights_only=True)
     files = sorted(models.joinpath("imgs").glob("*/*.png"))  # sorted class folders, then sorted files
@@ -97,8 +91,8 @@ def test_images_build_and_evaluate(models, tmp_path, capsys):
     assert torch.equal(d["inputs"]["pixel_values"], ref)
     assert d["labels"] == ["bird", "cat", "dog"] and d["targets"].tolist() == [0, 0, 1, 1, 2, 2]
     assert "6 image examples" in printed and "pixel_values (6, 3, 8, 8)" in printed
-    rc, printed, _ = _run(capsys, ["evaluate", str(models / "vit"), "--data", str(out), "--rho", "0.05",
-                                   "--metric", "mix", "--batch-size", "2", "--iters", "2"])
+    rc, printed, _ = run_cli(capsys, ["evaluate", str(models / "vit"), "--data", str(out), "--rho", "0.05",
+                                      "--metric", "mix", "--batch-size", "2", "--iters", "2"])
     assert rc == 0
 
 
@@ -150,10 +144,8 @@ CASES = ["missing-text-file", "missing-image-dir", "missing-model-dir", "unknown
 
 @pytest.mark.parametrize("case", CASES)
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(models, tmp_path, capsys, case):
-    argv, needles = _bad_cases(models, tmp_path)[case]
-    out = tmp_path / "out" / "data.pt"
-    cases.assert_refused_and_nothing_written(lambda a: _run(capsys, a), argv + ["--out", str(out)], tmp_path, out,
-                                             needles)
+    cases.assert_data_refused(capsys, *_bad_cases(models, tmp_path)[case], tmp_path)
+
 
 def test_cases_cover_every_bad_input(models, tmp_path):
     assert sorted(_bad_cases(models, tmp_path)) == sorted(CASES)
@@ -162,13 +154,13 @@ def test_cases_cover_every_bad_input(models, tmp_path):
 def test_failure_keeps_an_existing_file(models, tmp_path, capsys):
     out = tmp_path / "data.pt"
     out.write_bytes(b"previous")
-    rc, _, err = _run(capsys, _text(models, "--labels", "x", "--out", str(out)))
+    rc, _, err = run_cli(capsys, _text(models, "--labels", "x", "--out", str(out)))
     assert rc == 2 and out.read_bytes() == b"previous" and [p.name for p in tmp_path.iterdir()] == ["data.pt"]
-    rc, _, _ = _run(capsys, _text(models, "--max-length", "8", "--out", str(out)))
+    rc, _, _ = run_cli(capsys, _text(models, "--max-length", "8", "--out", str(out)))
     assert rc == 0 and torch.load(out, weights_only=True)["inputs"]["input_ids"].shape == (6, 8)
     assert [p.name for p in tmp_path.iterdir()] == ["data.pt"]  # no temporary file left beside it
 
 
 def test_out_is_a_directory(models, tmp_path, capsys):
-    rc, _, err = _run(capsys, _text(models, "--out", str(tmp_path)))
+    rc, _, err = run_cli(capsys, _text(models, "--out", str(tmp_path)))
     assert rc == 2 and "is a directory" in err and list(tmp_path.iterdir()) == []

@@ -11,8 +11,8 @@ from tokenizers import Tokenizer, models as tk_models, pre_tokenizers
 from transformers import (AutoTokenizer, BertConfig, BertForMaskedLM, BertForSequenceClassification, GPT2Config,
                           GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast)
 
-from geosharp_ref.cli import main
 from tests import cases
+from tests.cases import run_cli
 
 L = 8
 DOCS = [
@@ -66,12 +66,6 @@ def models(tmp_path_factory):
     return root
 
 
-def _run(capsys, argv):
-    rc = main(argv)
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
 def _shift(ids, mask):
     """Independent next-token targets, position by position."""
     t = torch.full_like(ids, -100)
@@ -86,8 +80,8 @@ def _shift(ids, mask):
 def test_causal_builds_and_evaluates(models, tmp_path, capsys, model, text):
     out = tmp_path / "lm.pt"
     extra = ["--text-column", "body"] if text.endswith(".jsonl") else []
-    rc, printed, _ = _run(capsys, ["data", str(models / model), "--text", str(models / text), "--lm", "causal",
-                                   "--max-length", str(L), *extra, "--out", str(out)])
+    rc, printed, _ = run_cli(capsys, ["data", str(models / model), "--text", str(models / text), "--lm", "causal",
+                                      "--max-length", str(L), *extra, "--out", str(out)])
     assert rc == 0 and out.is_file()
     d = torch.load(out, weights_only=True)
     assert sorted(d) == ["inputs", "targets"] and sorted(d["inputs"]) == ["attention_mask", "input_ids"]
@@ -108,8 +102,8 @@ def test_causal_builds_and_evaluates(models, tmp_path, capsys, model, text):
     assert d["targets"][3].tolist() == [-100] * L  # "cat": one token, nothing to predict
     assert "for a causal language model" in printed and f"input_ids (4, {L})" in printed
     assert ("padded with eos" in printed) == (model != "llama-pad")
-    rc, printed, err = _run(capsys, ["evaluate", str(models / model), "--data", str(out), "--rho", "0.05",
-                                   "--metric", "mix", "--iters", "2", "--batch-size", "2"])
+    rc, printed, err = run_cli(capsys, ["evaluate", str(models / model), "--data", str(out), "--rho", "0.05",
+                                      "--metric", "mix", "--iters", "2", "--batch-size", "2"])
     assert rc == 0, printed + err
 
 
@@ -117,7 +111,7 @@ def test_masked_builds_and_evaluates(models, tmp_path, capsys):
     out, again = tmp_path / "mlm.pt", tmp_path / "again.pt"
     argv = ["data", str(models / "mlm"), "--text", str(models / "docs.txt"), "--lm", "masked", "--max-length",
             str(L), "--seed", "3"]
-    rc, printed, _ = _run(capsys, argv + ["--out", str(out)])
+    rc, printed, _ = run_cli(capsys, argv + ["--out", str(out)])
     assert rc == 0
     d = torch.load(out, weights_only=True)
     tok = AutoTokenizer.from_pretrained(str(models / "mlm"))
@@ -134,10 +128,10 @@ def test_masked_builds_and_evaluates(models, tmp_path, capsys):
     assert torch.equal(ids[~chosen], ref["input_ids"][~chosen])  # the rest untouched
     assert (ids[chosen] == tok.mask_token_id).any()
     assert "masked language model" in printed and "seed 3" in printed
-    rc, _, _ = _run(capsys, argv + ["--out", str(again)])
+    rc, _, _ = run_cli(capsys, argv + ["--out", str(again)])
     assert rc == 0 and torch.equal(torch.load(again, weights_only=True)["targets"], t)  # seeded
-    rc, printed, err = _run(capsys, ["evaluate", str(models / "mlm"), "--data", str(out), "--rho", "0.05",
-                                   "--metric", "mix", "--iters", "2", "--batch-size", "2"])
+    rc, printed, err = run_cli(capsys, ["evaluate", str(models / "mlm"), "--data", str(out), "--rho", "0.05",
+                                      "--metric", "mix", "--iters", "2", "--batch-size", "2"])
     assert rc == 0, printed + err
 
 
@@ -206,10 +200,8 @@ CASES = ["lm-with-label-column", "lm-with-labels", "lm-with-images", "seed-witho
 
 @pytest.mark.parametrize("case", CASES)
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(models, tmp_path, capsys, case):
-    argv, needles = _bad_cases(models, tmp_path)[case]
-    out = tmp_path / "out" / "data.pt"
-    cases.assert_refused_and_nothing_written(lambda a: _run(capsys, a), argv + ["--out", str(out)], tmp_path, out,
-                                             needles)
+    cases.assert_data_refused(capsys, *_bad_cases(models, tmp_path)[case], tmp_path)
+
 
 def test_cases_cover_every_bad_input(models, tmp_path):
     assert sorted(_bad_cases(models, tmp_path)) == sorted(CASES)

@@ -7,21 +7,14 @@ import shutil
 
 import pytest
 
-from geosharp_ref.cli import main
 from tests import cases
+from tests.cases import run_cli
 
 EVAL = cases.POPULATION_EVAL_ARGS
 
 
-def _run(capsys, argv):
-    capsys.readouterr()
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
 def _refused(capsys, argv, root, needles, out=None):
-    cases.assert_refused_and_nothing_written(lambda a: _run(capsys, a), argv, root, out or root / "absent", needles)
+    cases.assert_refused_and_nothing_written(lambda a: run_cli(capsys, a), argv, root, out or root / "absent", needles)
 
 
 def _with(args, option, *values):
@@ -73,7 +66,7 @@ def test_the_corrected_run_after_a_refusal_matches_the_reference(trained, refere
     out = cases.copy_population(trained, tmp_path)
     argv = ["population", "evaluate", "--out", out]
     _refused(capsys, argv + _with(EVAL, "--iters", "0"), tmp_path, ["--iters"])
-    rc, _, err = _run(capsys, argv + EVAL)
+    rc, _, err = run_cli(capsys, argv + EVAL)
     assert rc == 0, err
     assert (out / "results.jsonl").read_bytes() == (reference / "results.jsonl").read_bytes()
 
