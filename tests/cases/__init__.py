@@ -33,7 +33,7 @@ a conftest.py fixture: no test module imports another one. ``from tests.cases im
   settings and file helpers of a tiny vision population (``POPULATION_*``, :func:`copy_population`,
   :func:`jsonl`, :func:`subprocess_env`, :func:`count_measure_runs`, :func:`recipes_in_space`), command lines
   run in this process (:func:`run_cli`) and refused (:func:`assert_refused_and_nothing_written`,
-  :func:`assert_data_refused`, :func:`cli_error_line`),
+  :func:`assert_cli_refused`, :func:`assert_data_refused`, :func:`cli_error_line`),
   :func:`quiet_transformers`.
 * :mod:`tests.cases.reference` — an exact trust-region solver (:func:`trust_region_max`) used as an
   independent reference, the Hessian on a quotient's horizontal space from dense float64 matrices
@@ -52,7 +52,7 @@ a conftest.py fixture: no test module imports another one. ``from tests.cases im
 from .bindings import (BINDING_CASES, BINDING_KINDS, BINDING_NAMES, DECLARED_LORA, DECLARED_QK, BindingCase,
                        BuiltBindingCase, build_binding_case, output_at, scale_first_block, scale_first_parameter)
 from .files import (POPULATION_EVAL, POPULATION_EVAL_ARGS, POPULATION_MODELS, POPULATION_TRAIN, copy_population,
-                    Killed, assert_data_refused, assert_refused_and_nothing_written, cli_error_line,
+                    Killed, assert_cli_refused, assert_data_refused, assert_refused_and_nothing_written, cli_error_line,
                     count_measure_runs, jsonl, kill_after_lines, quiet_transformers, recipes_in_space, run_cli,
                     save_bert_backbone, save_bin, save_llama_and_lm_data, subprocess_env)
 from .inputs import (bert_inputs, cat, mlp_batch64, pixels_batch64, text_batch64, clip_images, clip_loss, forward, hidden_kw, ids, lm_loss, params_of, pixels,
@@ -90,7 +90,7 @@ __all__ = [
     # files
     "save_bin", "POPULATION_MODELS", "POPULATION_TRAIN", "POPULATION_EVAL", "POPULATION_EVAL_ARGS",
     "copy_population", "jsonl", "subprocess_env", "kill_after_lines", "save_bert_backbone", "save_llama_and_lm_data", "quiet_transformers",
-    "assert_refused_and_nothing_written", "assert_data_refused", "cli_error_line", "run_cli",
+    "assert_refused_and_nothing_written", "assert_cli_refused", "assert_data_refused", "cli_error_line", "run_cli",
     "recipes_in_space",
     # reference
     "trust_region_max", "rel_error", "dense_horizontal_hessian", "DENSE_TOL",

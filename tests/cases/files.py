@@ -169,11 +169,17 @@ def run_cli(capsys, argv):
     return rc, out, err
 
 
+def assert_cli_refused(capsys, argv, root, out, needles=()):
+    """``geosharp ARGV`` run in this process (:func:`run_cli`) on a bad input: refused as
+    :func:`assert_refused_and_nothing_written` asserts."""
+    assert_refused_and_nothing_written(lambda a: run_cli(capsys, a), argv, root, out, needles)
+
+
 def assert_data_refused(capsys, argv, needles, root):
     """``geosharp ARGV --out ROOT/out/data.pt`` (a ``data`` command line) on a bad input: refused as
-    :func:`assert_refused_and_nothing_written` asserts, with ``needles`` in its error line."""
+    :func:`assert_cli_refused` asserts, with ``needles`` in its error line."""
     out = root / "out" / "data.pt"
-    assert_refused_and_nothing_written(lambda a: run_cli(capsys, a), argv + ["--out", str(out)], root, out, needles)
+    assert_cli_refused(capsys, argv + ["--out", str(out)], root, out, needles)
 
 
 def cli_error_line(capsys, argv) -> str:

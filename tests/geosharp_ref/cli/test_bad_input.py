@@ -12,15 +12,12 @@ from tests import cases
 
 
 def _run(capsys, argv, out=None):
-    """Run the CLI; return its stderr's one error line (asserting the format, the exit code, no output)."""
-    capsys.readouterr()  # what the test's own set-up printed
-    rc = main([str(a) for a in argv])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2, err
-    assert len(err) == 1 and err[0].startswith("geosharp: error: "), err
+    """Run the CLI; return its stderr's one error line (:func:`~tests.cases.cli_error_line`: the format, exit code
+    2), asserting that ``out`` was not written."""
+    line = cases.cli_error_line(capsys, argv)
     if out is not None:
         assert not out.exists()
-    return err[0]
+    return line
 
 
 def _evaluate(saved, data, *extra, model="bert"):

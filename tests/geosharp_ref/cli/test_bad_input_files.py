@@ -17,7 +17,7 @@ from tests.cases import run_cli
 
 
 def _refused(capsys, argv, root, out, needles):
-    cases.assert_refused_and_nothing_written(lambda a: run_cli(capsys, a), argv, root, out, needles)
+    cases.assert_cli_refused(capsys, argv, root, out, needles)
 
 
 def _evaluate(saved, data, *extra):

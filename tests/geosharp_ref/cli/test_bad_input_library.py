@@ -14,8 +14,8 @@ from tests.cases import run_cli
 
 def _refused(capsys, argv, root, needles, absent=()):
     out = root / "r.json"
-    cases.assert_refused_and_nothing_written(lambda a: run_cli(capsys, a), [*argv, "--json", out], root, out, needles)
-    # assert_refused_and_nothing_written has checked one line; here what must not be in it
+    cases.assert_cli_refused(capsys, [*argv, "--json", out], root, out, needles)
+    # assert_cli_refused has checked one line; here what must not be in it
     _, _, err = run_cli(capsys, [*argv, "--json", out])
     for text in absent:
         assert text not in err, err

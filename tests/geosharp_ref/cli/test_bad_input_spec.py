@@ -5,7 +5,7 @@ its ``BLOCKS``. Each: exit 2, one ``geosharp: error:`` line, nothing written."""
 import pytest
 
 from tests import cases
-from tests.cases import ROOT, run_cli
+from tests.cases import ROOT
 
 HEADER = """from sympy import Inverse, Trace
 from derivations import Metric, gl_pair
@@ -35,8 +35,7 @@ def test_spec_files_refused_in_one_line(tmp_path, capsys, monkeypatch, case):
     spec = tmp_path / "spec.py"
     spec.write_text(body)
     out = tmp_path / "generated"
-    cases.assert_refused_and_nothing_written(lambda a: run_cli(capsys, a), ["derive", "--spec", spec, "--out", out],
-                                                tmp_path, out, needles)
+    cases.assert_cli_refused(capsys, ["derive", "--spec", spec, "--out", out], tmp_path, out, needles)
 
 
 def test_a_bad_timeout_setting_is_refused(tmp_path, capsys, monkeypatch):
@@ -44,8 +43,8 @@ def test_a_bad_timeout_setting_is_refused(tmp_path, capsys, monkeypatch):
     spec = tmp_path / "spec.py"
     spec.write_text(HEADER)
     out = tmp_path / "generated"
-    cases.assert_refused_and_nothing_written(lambda a: run_cli(capsys, a), ["derive", "--spec", spec, "--out", out],
-                                                tmp_path, out, ["GEOSHARP_SPEC_TIMEOUT='-1' must be a positive number"])
+    cases.assert_cli_refused(capsys, ["derive", "--spec", spec, "--out", out], tmp_path, out,
+                             ["GEOSHARP_SPEC_TIMEOUT='-1' must be a positive number"])
 
 
 def _generated(tmp_path, edit):
@@ -65,7 +64,7 @@ def test_generated_modules_refused_in_one_line(saved, tmp_path, capsys, case, ed
     out = tmp_path / "r.json"
     argv = ["evaluate", saved / "bert", "--data", saved / "bert.pt", "--rho", "0.05", "--metric", "gl_mine",
             "--spec", module, "--json", out]
-    cases.assert_refused_and_nothing_written(lambda a: run_cli(capsys, a), argv, tmp_path, out, needles)
+    cases.assert_cli_refused(capsys, argv, tmp_path, out, needles)
 
 
 def test_the_untouched_generated_module_loads(tmp_path):

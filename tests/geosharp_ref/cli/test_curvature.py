@@ -9,7 +9,7 @@ import transformers
 
 from geosharp_ref.cli import main
 from geosharp_ref.sharpness.curvature import curvature
-from tests.cases.files import assert_refused_and_nothing_written
+from tests.cases.files import assert_cli_refused
 
 
 def test_curvature_matches_the_library(saved, tmp_path, capsys):
@@ -95,13 +95,7 @@ def test_bad_input_exits_2_and_writes_nothing(saved, tmp_path, capsys, extra, ne
     out = tmp_path / "new" / "curv.json"
     argv = ["curvature", str(saved / "bert"), "--data", str(saved / "bert.pt"), "--no-progress",
             "--json", str(out)] + extra
-
-    def run(a):
-        rc = main(a)
-        captured = capsys.readouterr()
-        return rc, captured.out, captured.err
-
-    assert_refused_and_nothing_written(run, argv, tmp_path, out, needles)
+    assert_cli_refused(capsys, argv, tmp_path, out, needles)
 
 
 

@@ -152,7 +152,7 @@ def test_cli_average_case_matches_library(tmp_path, capsys):
     import transformers
 
     from geosharp_ref.cli import main
-    from tests.cases.files import assert_refused_and_nothing_written
+    from tests.cases.files import assert_cli_refused
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(1)
     cases.bert(initializer_range=cases.IR, attn_implementation=None).save_pretrained(tmp_path / "bert")
@@ -174,10 +174,6 @@ def test_cli_average_case_matches_library(tmp_path, capsys):
         assert d["measure"] == name and d["mean"] == pytest.approx(ref.mean, rel=1e-10, abs=1e-14)
         assert "Monte Carlo standard error" in printed
 
-    def run(argv):
-        code = main(argv)
-        o = capsys.readouterr()
-        return code, o.out, o.err
     bad = tmp_path / "bad.json"
-    assert_refused_and_nothing_written(run, base + ["--samples", "1", "--metric", "mix", "--json", str(bad)],
-                                       tmp_path, bad, ("--samples",))
+    assert_cli_refused(capsys, base + ["--samples", "1", "--metric", "mix", "--json", str(bad)], tmp_path, bad,
+                       ("--samples",))
