@@ -9,6 +9,7 @@ import transformers
 from geosharp_ref.cli import main
 from geosharp_ref.io.models import has_logits_head, load_model, require_logits_head
 from geosharp_ref.probe import classification_head, fit_linear_probe, head_features
+from tests import cases
 from tests.cases import save_bert_backbone
 
 
@@ -63,10 +64,9 @@ def test_probe_refuses_labels_out_of_range(headless):
 
 
 def test_cli_refuses_a_backbone_in_one_line(headless, capsys):
-    rc = main(["evaluate", str(headless / "model"), "--data", str(headless / "data.pt"), "--rho", "0.05",
-               "--metric", "mix"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and err[0].startswith("geosharp: error: BertModel")
+    err = cases.cli_error_line(capsys, ["evaluate", str(headless / "model"), "--data", str(headless / "data.pt"),
+                                        "--rho", "0.05", "--metric", "mix"])
+    assert err.startswith("geosharp: error: BertModel")
 
 
 def test_cli_evaluates_a_backbone_with_a_probe(headless, tmp_path, capsys):
@@ -83,8 +83,7 @@ def test_cli_evaluates_a_backbone_with_a_probe(headless, tmp_path, capsys):
 
 
 def test_cli_num_labels_needs_data_for_verify(headless, capsys):
-    rc = main(["verify", str(headless / "model"), "--num-labels", "3"])
-    assert rc == 2 and "pass --data FILE" in capsys.readouterr().err
+    assert "pass --data FILE" in cases.cli_error_line(capsys, ["verify", str(headless / "model"), "--num-labels", "3"])
 
 
 def test_vit_backbone_gets_an_image_classification_head(tmp_path):

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from geosharp_ref.cli import main
+from tests import cases
 from tests.derivations.folded_numeric import closed_form_acceleration, dense_projection, g_hand, random_point
 
 SPEC = ("from derivations.joint import norm_qk\n"
@@ -140,8 +141,7 @@ def test_a_builtin_metric_of_another_declaration_is_refused_naming_the_ones_that
     path = tmp_path / "spec.py"
     path.write_text(SPEC_ONE_READER)
     out = tmp_path / "o"
-    assert main(["derive", "--spec", str(path), "--metric", "inv", "--out", str(out)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("geosharp: error: the built-in metric 'inv' does not apply")
-    assert "folded_inv, folded_mix" in err[0]
+    err = cases.cli_error_line(capsys, ["derive", "--spec", str(path), "--metric", "inv", "--out", str(out)])
+    assert err.startswith("geosharp: error: the built-in metric 'inv' does not apply")
+    assert "folded_inv, folded_mix" in err
     assert not out.exists()

@@ -11,6 +11,7 @@ import transformers
 
 from geosharp_ref.cli import main
 from geosharp_ref.sharpness import adaptive_sharpness, geodesic_sharpness
+from tests import cases
 from tests.cases import ROOT
 
 
@@ -57,37 +58,33 @@ def test_evaluate_matches_library(saved, tmp_path, capsys, model, loader, metric
     assert d["loss_before"] == pytest.approx(ref.loss_before, rel=1e-12, abs=1e-12)
 
 
-def _err(capsys, argv):
-    rc = main(argv)
-    return rc, capsys.readouterr().err
-
-
 def test_errors_exit_2_with_a_message(saved, tmp_path, capsys):
-    data = str(saved / "bert.pt")
-    rc, err = _err(capsys, ["evaluate", str(tmp_path / "nope"), "--data", data, "--rho", "0.1", "--metric", "mix"])
-    assert rc == 2 and "does not exist" in err and "nope" in err
-    rc, err = _err(capsys, ["verify", str(tmp_path / "nope")])
-    assert rc == 2 and "does not exist" in err
-    rc, err = _err(capsys, ["evaluate", str(saved / "bert"), "--data", data, "--rho", "0.1", "--metric", "mix",
-                            "--batches", "3", "--batch-size", "4"])
-    assert rc == 2 and "only 10 examples" in err and "12 needed" in err
+    data, bert = str(saved / "bert.pt"), str(saved / "bert")
+    err = cases.cli_error_line(capsys, ["evaluate", str(tmp_path / "nope"), "--data", data, "--rho", "0.1",
+                                        "--metric", "mix"])
+    assert "does not exist" in err and "nope" in err
+    err = cases.cli_error_line(capsys, ["verify", str(tmp_path / "nope")])
+    assert "does not exist" in err
+    err = cases.cli_error_line(capsys, ["evaluate", bert, "--data", data, "--rho", "0.1", "--metric", "mix",
+                                        "--batches", "3", "--batch-size", "4"])
+    assert "only 10 examples" in err and "12 needed" in err
     for rho in ("0", "-1"):
-        rc, err = _err(capsys, ["evaluate", str(saved / "bert"), "--data", data, f"--rho={rho}", "--metric", "inv"])
-        assert rc == 2 and "rho" in err
-    rc, err = _err(capsys, ["evaluate", str(saved / "bert"), "--data", str(tmp_path / "missing.pt"), "--rho", "1",
-                            "--metric", "inv"])
-    assert rc == 2 and "missing.pt" in err
+        err = cases.cli_error_line(capsys, ["evaluate", bert, "--data", data, f"--rho={rho}", "--metric", "inv"])
+        assert "rho" in err
+    err = cases.cli_error_line(capsys, ["evaluate", bert, "--data", str(tmp_path / "missing.pt"), "--rho", "1",
+                                        "--metric", "inv"])
+    assert "missing.pt" in err
     torch.save({"x": torch.zeros(3)}, tmp_path / "wrong.pt")
-    rc, err = _err(capsys, ["evaluate", str(saved / "bert"), "--data", str(tmp_path / "wrong.pt"), "--rho", "1",
-                            "--metric", "inv"])
-    assert rc == 2 and "'inputs' and 'targets'" in err
+    err = cases.cli_error_line(capsys, ["evaluate", bert, "--data", str(tmp_path / "wrong.pt"), "--rho", "1",
+                                        "--metric", "inv"])
+    assert "'inputs' and 'targets'" in err
 
 
 def test_library_value_errors_exit_2(saved, tmp_path, capsys):
     # NaN in the data: raised by the sharpness library, reported by the CLI
-    rc, err = _err(capsys, ["evaluate", str(saved / "vit"), "--data", str(saved / "vit_nan.pt"), "--rho", "0.1",
-                            "--metric", "adaptive", "--batches", "2", "--batch-size", "3"])
-    assert rc == 2 and "NaN" in err and "batch 0" in err
+    err = cases.cli_error_line(capsys, ["evaluate", str(saved / "vit"), "--data", str(saved / "vit_nan.pt"),
+                                        "--rho", "0.1", "--metric", "adaptive", "--batches", "2", "--batch-size", "3"])
+    assert "NaN" in err and "batch 0" in err
     # a rank-deficient head (query weights and bias of head 0 zeroed): refused unless eps > 0
     m = transformers.BertForSequenceClassification.from_pretrained(saved / "bert")
     q = m.bert.encoder.layer[0].attention.self.query
@@ -97,8 +94,8 @@ def test_library_value_errors_exit_2(saved, tmp_path, capsys):
     m.save_pretrained(tmp_path / "deficient")
     argv = ["evaluate", str(tmp_path / "deficient"), "--data", str(saved / "bert.pt"), "--rho", "0.1",
             "--metric", "mix", "--batches", "1", "--batch-size", "2", "--iters", "1"]
-    rc, err = _err(capsys, argv)
-    assert rc == 2 and "rank deficient" in err and "eps" in err
+    err = cases.cli_error_line(capsys, argv)
+    assert "rank deficient" in err and "eps" in err
     assert main(argv + ["--eps", "1e-6"]) == 0
 
 
