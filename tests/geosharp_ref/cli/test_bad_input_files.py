@@ -13,7 +13,6 @@ import torch
 from geosharp_ref.cli import EXIT_INTERRUPTED
 from geosharp_ref.io import durable
 from tests import cases
-from tests.cases import run_cli
 
 
 def _refused(capsys, argv, root, out, needles):
@@ -61,7 +60,7 @@ def test_a_failed_run_removes_the_directories_it_created(saved, tmp_path, capsys
     _refused(capsys, _evaluate(saved, bad, "--json", out), tmp_path, out, ["outside the model's vocabulary"])
     assert not (tmp_path / "new").exists()
     # a successful run keeps them, and its JSON holds what the run printed
-    rc, printed, _ = run_cli(capsys, _evaluate(saved, saved / "bert.pt", "--json", out))
+    rc, printed, _ = cases.run_cli(capsys, _evaluate(saved, saved / "bert.pt", "--json", out))
     assert rc == 0 and out.is_file() and f"json      : {out}" in printed
 
 
@@ -79,7 +78,7 @@ def test_json_is_written_atomically(saved, tmp_path, capsys, monkeypatch):
             return getattr(os, name)
 
     monkeypatch.setattr(durable, "os", FullDisk())
-    rc, _, err = run_cli(capsys, _evaluate(saved, saved / "bert.pt", "--json", out))
+    rc, _, err = cases.run_cli(capsys, _evaluate(saved, saved / "bert.pt", "--json", out))
     lines = [line for line in err.strip().splitlines() if "sharpness:" not in line]  # not the progress bar
     assert rc == 2 and len(lines) == 1 and lines[0].startswith("geosharp: error: ") and "No space left" in lines[0]
     assert out.read_text() == '{"previous": true}\n'
@@ -95,7 +94,7 @@ def test_ctrl_c_inside_a_command_exits_130_with_one_line(tmp_path, capsys, monke
 
     monkeypatch.setattr(demo, "run", interrupted)
     monkeypatch.chdir(tmp_path)
-    rc, printed, err = run_cli(capsys, ["demo", "--population-out", tmp_path / "made"])
+    rc, printed, err = cases.run_cli(capsys, ["demo", "--population-out", tmp_path / "made"])
     lines = err.strip().splitlines()
     assert rc == EXIT_INTERRUPTED == 130 and printed == ""
     assert len(lines) == 1 and lines[0].startswith("geosharp: error: interrupted (Ctrl-C)")

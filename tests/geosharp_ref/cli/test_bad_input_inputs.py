@@ -7,7 +7,6 @@ import torch
 
 from geosharp_ref.forward import call_model, float64_inputs, model_logits
 from tests import cases
-from tests.cases import run_cli
 
 BAD_INPUTS = {  # the tiny BERT of conftest.saved: vocabulary 50, 32 positions
     "ids outside the vocabulary": (torch.randint(50, 99, (4, 8)), ["token id", "outside the model's vocabulary "
@@ -39,7 +38,7 @@ def test_the_same_ids_in_range_are_accepted(saved, tmp_path, capsys):
     """The control: ids inside the vocabulary and 8 ≤ 32 positions run (the refusals above are the inputs')."""
     data = tmp_path / "d.pt"
     torch.save({"inputs": {"input_ids": torch.randint(50, (4, 8))}, "targets": torch.zeros(4, dtype=torch.long)}, data)
-    rc, printed, _ = run_cli(capsys, ["symmetries", saved / "bert", "--data", data])
+    rc, printed, _ = cases.run_cli(capsys, ["symmetries", saved / "bert", "--data", data])
     assert rc == 0 and "symmetries of BertForSequenceClassification" in printed
 
 
@@ -60,9 +59,9 @@ def resnet(tmp_path_factory):
 
 def test_images_reach_the_float64_copy_of_a_model_without_attention(resnet, capsys):
     root, model, pixels = resnet
-    rc, printed, err = run_cli(capsys, ["verify", root / "resnet", "--data", root / "img.pt"])
+    rc, printed, err = cases.run_cli(capsys, ["verify", root / "resnet", "--data", root / "img.pt"])
     assert rc == 0 and "PASS" in printed, err
-    rc, printed, err = run_cli(capsys, ["symmetries", root / "resnet", "--data", root / "img.pt"])
+    rc, printed, err = cases.run_cli(capsys, ["symmetries", root / "resnet", "--data", root / "img.pt"])
     assert rc == 0 and "symmetries of ResNetForImageClassification" in printed, err
     # what the commands now compute on: the float64 copy on the cast images, equal to the float32 model to its
     # precision (an independent forward pass in float32)

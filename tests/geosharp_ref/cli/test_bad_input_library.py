@@ -9,14 +9,13 @@ import torch
 
 from geosharp_ref.io.data import library_reason
 from tests import cases
-from tests.cases import run_cli
 
 
 def _refused(capsys, argv, root, needles, absent=()):
     out = root / "r.json"
     cases.assert_cli_refused(capsys, [*argv, "--json", out], root, out, needles)
     # assert_cli_refused has checked one line; here what must not be in it
-    _, _, err = run_cli(capsys, [*argv, "--json", out])
+    _, _, err = cases.run_cli(capsys, [*argv, "--json", out])
     for text in absent:
         assert text not in err, err
 

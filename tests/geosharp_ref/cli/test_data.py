@@ -11,7 +11,6 @@ from transformers import (AutoImageProcessor, AutoTokenizer, BertConfig, BertFor
                           ViTForImageClassification, ViTImageProcessor)
 
 from tests import cases
-from tests.cases import run_cli
 
 L = 10
 ROWS = [
@@ -57,8 +56,9 @@ def models(tmp_path_factory):
 
 def test_text_file_builds_and_evaluates(models, tmp_path, capsys):
     out = tmp_path / "sub" / "data.pt"
-    rc, printed, _ = run_cli(capsys, ["data", str(models / "bert"), "--text", str(models / "text.csv"), "--text-column",
-                                      "text", "--label-column", "label", "--max-length", str(L), "--out", str(out)])
+    rc, printed, _ = cases.run_cli(capsys, ["data", str(models / "bert"), "--text", str(models / "text.csv"),
+                                            "--text-column", "text", "--label-column", "label", "--max-length", str(L),
+                                            "--out", str(out)])
     assert rc == 0 and out.is_file()
     d = torch.load(out, weights_only=True)
     tok = AutoTokenizer.from_pretrained(str(models / "bert"), local_files_only=True)
@@ -75,14 +75,15 @@ def test_text_file_builds_and_evaluates(models, tmp_path, capsys):
     assert f"max length: {L} tokens" in printed and f"input_ids ({len(ROWS)}, {L})" in printed
     for i, name in enumerate(names):
         assert f"{i:>3} {name:<8}  2" in printed
-    rc, printed, _ = run_cli(capsys, ["evaluate", str(models / "bert"), "--data", str(out), "--rho", "0.05",
-                                      "--metric", "mix", "--batch-size", "2", "--iters", "2"])
+    rc, printed, _ = cases.run_cli(capsys, ["evaluate", str(models / "bert"), "--data", str(out), "--rho", "0.05",
+                                            "--metric", "mix", "--batch-size", "2", "--iters", "2"])
     assert rc == 0 and "3 batches × 2" in printed
 
 
 def test_images_build_and_evaluate(models, tmp_path, capsys):
     out = tmp_path / "imgs.pt"
-    rc, printed, _ = run_cli(capsys, ["data", str(models / "vit"), "--images", str(models / "imgs"), "--out", str(out)])
+    rc, printed, _ = cases.run_cli(capsys, ["data", str(models / "vit"), "--images", str(models / "imgs"),
+                                            "--out", str(out)])
     assert rc == 0
     d = torch.load(out, weights_only=True)
     files = sorted(models.joinpath("imgs").glob("*/*.png"))  # sorted class folders, then sorted files
@@ -91,8 +92,8 @@ def test_images_build_and_evaluate(models, tmp_path, capsys):
     assert torch.equal(d["inputs"]["pixel_values"], ref)
     assert d["labels"] == ["bird", "cat", "dog"] and d["targets"].tolist() == [0, 0, 1, 1, 2, 2]
     assert "6 image examples" in printed and "pixel_values (6, 3, 8, 8)" in printed
-    rc, printed, _ = run_cli(capsys, ["evaluate", str(models / "vit"), "--data", str(out), "--rho", "0.05",
-                                      "--metric", "mix", "--batch-size", "2", "--iters", "2"])
+    rc, printed, _ = cases.run_cli(capsys, ["evaluate", str(models / "vit"), "--data", str(out), "--rho", "0.05",
+                                            "--metric", "mix", "--batch-size", "2", "--iters", "2"])
     assert rc == 0
 
 
@@ -154,13 +155,13 @@ def test_cases_cover_every_bad_input(models, tmp_path):
 def test_failure_keeps_an_existing_file(models, tmp_path, capsys):
     out = tmp_path / "data.pt"
     out.write_bytes(b"previous")
-    rc, _, err = run_cli(capsys, _text(models, "--labels", "x", "--out", str(out)))
+    rc, _, err = cases.run_cli(capsys, _text(models, "--labels", "x", "--out", str(out)))
     assert rc == 2 and out.read_bytes() == b"previous" and [p.name for p in tmp_path.iterdir()] == ["data.pt"]
-    rc, _, _ = run_cli(capsys, _text(models, "--max-length", "8", "--out", str(out)))
+    rc, _, _ = cases.run_cli(capsys, _text(models, "--max-length", "8", "--out", str(out)))
     assert rc == 0 and torch.load(out, weights_only=True)["inputs"]["input_ids"].shape == (6, 8)
     assert [p.name for p in tmp_path.iterdir()] == ["data.pt"]  # no temporary file left beside it
 
 
 def test_out_is_a_directory(models, tmp_path, capsys):
-    rc, _, err = run_cli(capsys, _text(models, "--out", str(tmp_path)))
+    rc, _, err = cases.run_cli(capsys, _text(models, "--out", str(tmp_path)))
     assert rc == 2 and "is a directory" in err and list(tmp_path.iterdir()) == []

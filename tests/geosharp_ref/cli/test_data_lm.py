@@ -12,7 +12,6 @@ from transformers import (AutoTokenizer, BertConfig, BertForMaskedLM, BertForSeq
                           GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast)
 
 from tests import cases
-from tests.cases import run_cli
 
 L = 8
 DOCS = [
@@ -80,8 +79,8 @@ def _shift(ids, mask):
 def test_causal_builds_and_evaluates(models, tmp_path, capsys, model, text):
     out = tmp_path / "lm.pt"
     extra = ["--text-column", "body"] if text.endswith(".jsonl") else []
-    rc, printed, _ = run_cli(capsys, ["data", str(models / model), "--text", str(models / text), "--lm", "causal",
-                                      "--max-length", str(L), *extra, "--out", str(out)])
+    rc, printed, _ = cases.run_cli(capsys, ["data", str(models / model), "--text", str(models / text), "--lm", "causal",
+                                            "--max-length", str(L), *extra, "--out", str(out)])
     assert rc == 0 and out.is_file()
     d = torch.load(out, weights_only=True)
     assert sorted(d) == ["inputs", "targets"] and sorted(d["inputs"]) == ["attention_mask", "input_ids"]
@@ -102,8 +101,8 @@ def test_causal_builds_and_evaluates(models, tmp_path, capsys, model, text):
     assert d["targets"][3].tolist() == [-100] * L  # "cat": one token, nothing to predict
     assert "for a causal language model" in printed and f"input_ids (4, {L})" in printed
     assert ("padded with eos" in printed) == (model != "llama-pad")
-    rc, printed, err = run_cli(capsys, ["evaluate", str(models / model), "--data", str(out), "--rho", "0.05",
-                                      "--metric", "mix", "--iters", "2", "--batch-size", "2"])
+    rc, printed, err = cases.run_cli(capsys, ["evaluate", str(models / model), "--data", str(out), "--rho", "0.05",
+                                            "--metric", "mix", "--iters", "2", "--batch-size", "2"])
     assert rc == 0, printed + err
 
 
@@ -111,7 +110,7 @@ def test_masked_builds_and_evaluates(models, tmp_path, capsys):
     out, again = tmp_path / "mlm.pt", tmp_path / "again.pt"
     argv = ["data", str(models / "mlm"), "--text", str(models / "docs.txt"), "--lm", "masked", "--max-length",
             str(L), "--seed", "3"]
-    rc, printed, _ = run_cli(capsys, argv + ["--out", str(out)])
+    rc, printed, _ = cases.run_cli(capsys, argv + ["--out", str(out)])
     assert rc == 0
     d = torch.load(out, weights_only=True)
     tok = AutoTokenizer.from_pretrained(str(models / "mlm"))
@@ -128,10 +127,10 @@ def test_masked_builds_and_evaluates(models, tmp_path, capsys):
     assert torch.equal(ids[~chosen], ref["input_ids"][~chosen])  # the rest untouched
     assert (ids[chosen] == tok.mask_token_id).any()
     assert "masked language model" in printed and "seed 3" in printed
-    rc, _, _ = run_cli(capsys, argv + ["--out", str(again)])
+    rc, _, _ = cases.run_cli(capsys, argv + ["--out", str(again)])
     assert rc == 0 and torch.equal(torch.load(again, weights_only=True)["targets"], t)  # seeded
-    rc, printed, err = run_cli(capsys, ["evaluate", str(models / "mlm"), "--data", str(out), "--rho", "0.05",
-                                      "--metric", "mix", "--iters", "2", "--batch-size", "2"])
+    rc, printed, err = cases.run_cli(capsys, ["evaluate", str(models / "mlm"), "--data", str(out), "--rho", "0.05",
+                                            "--metric", "mix", "--iters", "2", "--batch-size", "2"])
     assert rc == 0, printed + err
 
 

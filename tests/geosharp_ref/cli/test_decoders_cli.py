@@ -13,7 +13,6 @@ from geosharp_ref.symmetry.check import check_symmetries_together, rank_refusal
 from geosharp_ref.symmetry.gated import gated_mlp_candidates
 from geosharp_ref.sharpness.factors import check_rank
 from tests import cases
-from tests.cases import run_cli
 
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 EVERY = ATTENTION + ["gate_proj", "up_proj", "down_proj"]
@@ -69,7 +68,7 @@ def saved(tmp_path_factory):
 def test_symmetries_of_an_adapter_on_a_residual_writer(saved, capsys):
     """peft names the wrapped writer …down_proj.base_layer.weight: no KeyError, the adapters found (a fresh
     one refused for its singular Gram matrix), and norm scaling considered with the wrapped names."""
-    rc, out, err = run_cli(capsys, ["symmetries", saved / "down", "--json", saved / "down.json"])
+    rc, out, err = cases.run_cli(capsys, ["symmetries", saved / "down", "--json", saved / "down.json"])
     assert rc == 0, err
     doc = json.loads((saved / "down.json").read_text())
     lora = {e["key"]: e for e in doc["further"] if e["key"].endswith(":lora")}
@@ -103,14 +102,14 @@ def test_fresh_adapter_with_spec_is_refused_and_falls_back(saved, capsys):
     """--spec on a fresh adapter: every declared binding refused with its reason (one line per reason over the
     layers), no LinAlgError, and the value equals plain geodesic-mix sharpness (nothing declared was used)."""
     common = ["--data", saved / "lm.pt", "--rho", "0.05", "--batch-size", "4", "--iters", "2", "--device", "cpu"]
-    rc, out, err = run_cli(capsys, ["evaluate", saved / "qv_fresh", "--metric", "lora_hybrid", "--spec",
-                                    "examples/lora_spec.py", "--json", saved / "fresh_spec.json", *common])
+    rc, out, err = cases.run_cli(capsys, ["evaluate", saved / "qv_fresh", "--metric", "lora_hybrid", "--spec",
+                                          "examples/lora_spec.py", "--json", saved / "fresh_spec.json", *common])
     assert rc == 0, err
     refusals = [line for line in out.splitlines() if line.strip().startswith("refused")]
     assert len(refusals) == 2 and all("(2 layers)" in r and "rank deficient" in r for r in refusals)
     assert "lora_hybrid on 0 declared bindings" in out
-    rc, plain, err = run_cli(capsys, ["evaluate", saved / "qv_fresh", "--metric", "mix", "--json",
-                                      saved / "fresh_plain.json", *common])
+    rc, plain, err = cases.run_cli(capsys, ["evaluate", saved / "qv_fresh", "--metric", "mix", "--json",
+                                            saved / "fresh_plain.json", *common])
     assert rc == 0, err
     spec_doc = json.loads((saved / "fresh_spec.json").read_text())
     plain_doc = json.loads((saved / "fresh_plain.json").read_text())
@@ -120,10 +119,10 @@ def test_fresh_adapter_with_spec_is_refused_and_falls_back(saved, capsys):
 def test_spec_names_what_was_quotiented(saved, capsys):
     """Adapters on every projection: the attention pairs yield to the declared LoRA bindings, and the measure
     line says so (0 pairs kept, 4 yielded, 14 declared), as the JSON's config does."""
-    rc, out, err = run_cli(capsys, ["evaluate", saved / "every", "--metric", "lora_hybrid", "--spec",
-                                    "examples/lora_spec.py", "--data", saved / "lm.pt", "--rho", "0.05",
-                                    "--batch-size", "4", "--batches", "1", "--iters", "1",
-                                    "--json", saved / "every.json"])
+    rc, out, err = cases.run_cli(capsys, ["evaluate", saved / "every", "--metric", "lora_hybrid", "--spec",
+                                          "examples/lora_spec.py", "--data", saved / "lm.pt", "--rho", "0.05",
+                                          "--batch-size", "4", "--batches", "1", "--iters", "1",
+                                          "--json", saved / "every.json"])
     assert rc == 0, err
     cfg = json.loads((saved / "every.json").read_text())["config"]
     assert cfg["pairs"] == 0 and len(cfg["yielded"]) == 4 and len(cfg["factors"]) == 14
@@ -140,7 +139,7 @@ def test_refusals_repeated_per_layer_are_one_line(capsys, tmp_path):
                         attn_implementation="eager")
     torch.manual_seed(0)
     T.Qwen3ForCausalLM(cfg).save_pretrained(tmp_path / "qwen3")
-    rc, out, err = run_cli(capsys, ["symmetries", tmp_path / "qwen3"])
+    rc, out, err = cases.run_cli(capsys, ["symmetries", tmp_path / "qwen3"])
     assert rc == 0, err
     qk = [line for line in out.splitlines() if "self_attn" in line and "QK" in line.upper() and "norm" in line.lower()]
     assert len(qk) == 1 and "(3 layers)" in qk[0] and "{0–2}" in qk[0], out
@@ -166,8 +165,8 @@ def test_num_labels_on_a_decoder_pools_the_last_token(saved, capsys):
     assert features.shape == (8, 16) and logits.shape == (8, 3)
     torch.testing.assert_close(fitted, logits, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(features[::2], last[::2])  # the padded examples are not read at the last position
-    rc, out, err = run_cli(capsys, ["evaluate", saved / "base", "--data", saved / "cls.pt", "--num-labels", "3",
-                                    "--rho", "0.05", "--metric", "mix", "--batch-size", "4", "--iters", "1"])
+    rc, out, err = cases.run_cli(capsys, ["evaluate", saved / "base", "--data", saved / "cls.pt", "--num-labels", "3",
+                                          "--rho", "0.05", "--metric", "mix", "--batch-size", "4", "--iters", "1"])
     assert rc == 0, err
     assert "probe" in out and "mean" in out
 
@@ -175,8 +174,8 @@ def test_num_labels_on_a_decoder_pools_the_last_token(saved, capsys):
 def test_a_batch_without_scored_tokens_is_refused(saved, capsys):
     """All targets −100 in a batch: the mean cross-entropy would be NaN; refused in one line before the model
     is loaded (CLI) and by the library before any compute."""
-    rc, out, err = run_cli(capsys, ["evaluate", saved / "base", "--data", saved / "unscored.pt", "--rho", "0.05",
-                                    "--metric", "mix", "--batch-size", "4"])
+    rc, out, err = cases.run_cli(capsys, ["evaluate", saved / "base", "--data", saved / "unscored.pt", "--rho", "0.05",
+                                          "--metric", "mix", "--batch-size", "4"])
     assert rc == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and "batch 1: every target is -100" in err
     data = torch.load(saved / "unscored.pt")

@@ -8,7 +8,6 @@ import shutil
 import pytest
 
 from tests import cases
-from tests.cases import run_cli
 
 EVAL = cases.POPULATION_EVAL_ARGS
 
@@ -66,7 +65,7 @@ def test_the_corrected_run_after_a_refusal_matches_the_reference(trained, refere
     out = cases.copy_population(trained, tmp_path)
     argv = ["population", "evaluate", "--out", out]
     _refused(capsys, argv + _with(EVAL, "--iters", "0"), tmp_path, ["--iters"])
-    rc, _, err = run_cli(capsys, argv + EVAL)
+    rc, _, err = cases.run_cli(capsys, argv + EVAL)
     assert rc == 0, err
     assert (out / "results.jsonl").read_bytes() == (reference / "results.jsonl").read_bytes()
 
