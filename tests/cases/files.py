@@ -144,10 +144,10 @@ def recipes_in_space(task, count: int, space: dict, train_size: int) -> list:
     return draws
 
 
-def assert_refused_and_nothing_written(run, argv, root, out, needles=()):
+def assert_refused_and_nothing_written(run, argv, root, out, needles=()) -> str:
     """Run the command line (``run(argv) -> (exit code, stdout, stderr)``) on a bad input and assert what every
     refusal owes: exit 2, nothing on stdout, exactly one ``geosharp: error:`` line on stderr containing every
-    needle, ``out`` not written and no file created under ``root``."""
+    needle, ``out`` not written and no file created under ``root``. Returns that line."""
     before = sorted(p.relative_to(root) for p in root.rglob("*"))
     rc, printed, err = run(argv)
     lines = err.strip().splitlines()
@@ -156,6 +156,7 @@ def assert_refused_and_nothing_written(run, argv, root, out, needles=()):
     for needle in needles:
         assert needle in lines[0], lines[0]
     assert not out.exists() and sorted(p.relative_to(root) for p in root.rglob("*")) == before
+    return lines[0]
 
 
 def run_cli(capsys, argv):
@@ -169,10 +170,10 @@ def run_cli(capsys, argv):
     return rc, out, err
 
 
-def assert_cli_refused(capsys, argv, root, out, needles=()):
+def assert_cli_refused(capsys, argv, root, out, needles=()) -> str:
     """``geosharp ARGV`` run in this process (:func:`run_cli`) on a bad input: refused as
-    :func:`assert_refused_and_nothing_written` asserts."""
-    assert_refused_and_nothing_written(lambda a: run_cli(capsys, a), argv, root, out, needles)
+    :func:`assert_refused_and_nothing_written` asserts; returns its error line."""
+    return assert_refused_and_nothing_written(lambda a: run_cli(capsys, a), argv, root, out, needles)
 
 
 def assert_data_refused(capsys, argv, needles, root):
