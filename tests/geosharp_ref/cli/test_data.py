@@ -155,13 +155,14 @@ def test_cases_cover_every_bad_input(models, tmp_path):
 def test_failure_keeps_an_existing_file(models, tmp_path, capsys):
     out = tmp_path / "data.pt"
     out.write_bytes(b"previous")
-    rc, _, err = cases.run_cli(capsys, _text(models, "--labels", "x", "--out", str(out)))
-    assert rc == 2 and out.read_bytes() == b"previous" and [p.name for p in tmp_path.iterdir()] == ["data.pt"]
+    line = cases.cli_error_line(capsys, _text(models, "--labels", "x", "--out", str(out)))
+    assert "label 'sports' is not one of --labels (x)" in line, line
+    assert out.read_bytes() == b"previous" and [p.name for p in tmp_path.iterdir()] == ["data.pt"]
     rc, _, _ = cases.run_cli(capsys, _text(models, "--max-length", "8", "--out", str(out)))
     assert rc == 0 and torch.load(out, weights_only=True)["inputs"]["input_ids"].shape == (6, 8)
     assert [p.name for p in tmp_path.iterdir()] == ["data.pt"]  # no temporary file left beside it
 
 
 def test_out_is_a_directory(models, tmp_path, capsys):
-    rc, _, err = cases.run_cli(capsys, _text(models, "--out", str(tmp_path)))
-    assert rc == 2 and "is a directory" in err and list(tmp_path.iterdir()) == []
+    line = cases.cli_error_line(capsys, _text(models, "--out", str(tmp_path)))
+    assert "is a directory" in line and list(tmp_path.iterdir()) == []
