@@ -31,7 +31,7 @@ from them and the drawn value prints as ``GroupElement('key', scale=1.0, seed=0)
 * :func:`horizontal_tangents` — random horizontal tangents of a
   :class:`~geosharp_ref.sharpness.ProductSpace` (e.g. from :func:`~geosharp_ref.sharpness.build_space`);
 * :func:`small_models` — tiny Hugging Face models (:func:`tiny_model`: BERT, GPT-2, ViT; an MLP), with
-  :func:`tiny_batch` a batch that fits them.
+  :func:`tiny_batch` a batch that fits them and :func:`with_lora` a LoRA adapter on one.
 
 **Assertions** (each says what it compares, the measured relative change and the tolerance; each works on a
 float64 copy and returns the change it measured):
@@ -68,11 +68,11 @@ from ..sharpness import adaptive_sharpness, geodesic_sharpness
 from ..symmetry import NoAttentionPairsWarning, Quotient, SymmetryMap, symmetry_map
 from ..symmetry.check import CHECK_TOL, log_probabilities
 from ..verification.orbits import model_with_params, relative_change
-from .models import small_models, tiny_batch, tiny_model
+from .models import small_models, tiny_batch, tiny_model, with_lora
 
 __all__ = ["GroupElement", "OrbitPoint", "HorizontalTangent", "Counterexample", "Float64Copy", "scales", "seeds",
            "group_element", "group_elements", "orbit_points", "horizontal_tangents", "small_models", "tiny_model",
-           "tiny_batch", "kept_pairs", "assert_binding_exact", "assert_orbit_invariant", "assert_changes",
+           "with_lora", "tiny_batch", "kept_pairs", "assert_binding_exact", "assert_orbit_invariant", "assert_changes",
            "find_counterexample", "MEASURES", "SCALE_RANGE", "OUTPUT_TOL", "SHARPNESS_RTOL", "CONTRAST_RTOL"]
 
 #: the scales a the strategies draw from by default (the exactness check acts at both ends)

@@ -1,11 +1,12 @@
-"""Tiny models for property tests: :func:`tiny_model` (BERT, GPT-2, ViT, an MLP), :func:`tiny_batch` (a batch
-that fits one) and the hypothesis strategy :func:`small_models`."""
+"""Tiny models for property tests: :func:`tiny_model` (BERT, GPT-2, ViT, an MLP), :func:`with_lora` (a peft
+LoRA adapter that matters), :func:`tiny_batch` (a batch that fits one) and the hypothesis strategy
+:func:`small_models`."""
 from __future__ import annotations
 
 import torch
 from hypothesis import strategies as st
 
-__all__ = ["tiny_model", "tiny_batch", "small_models"]
+__all__ = ["tiny_model", "with_lora", "tiny_batch", "small_models"]
 
 
 def _transformers():
@@ -48,15 +49,23 @@ def tiny_model(kind: str = "bert", *, seed: int = 0, lora=None, lora_rank: int =
         else:
             raise ValueError(f"unknown tiny model kind {kind!r}: choose bert, gpt2, vit or mlp")
     if lora:
-        import peft
+        model = with_lora(model, lora, lora_rank, seed)
+    return model.eval()
 
-        model = peft.get_peft_model(model, peft.LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank,
-                                                           target_modules=list(lora)))
-        gen = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for n, p in model.named_parameters():
-                if "lora_B" in n:
-                    p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+
+def with_lora(model, targets=("query", "value"), rank: int = 2, seed: int = 0):
+    """``model`` wrapped by peft with a LoRA adapter of rank r = ``rank`` (alpha 2r) on the modules named
+    ``targets``, each lora_B (r columns) drawn N(0, 0.5²) from a generator seeded with ``seed``: peft starts
+    lora_B at 0, where B A = 0 and the adapter's GL(r) orbit is degenerate; after training it is not. lora_A keeps
+    peft's initialisation (torch's global generator). Returns the PeftModel in eval mode; needs ``peft``."""
+    import peft
+
+    model = peft.get_peft_model(model, peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(targets)))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
     return model.eval()
 
 

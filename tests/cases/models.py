@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from geosharp_ref.io.clip_soups import load_clip_soup, save_clip_soup_like
+from geosharp_ref.testing.models import with_lora
 
 #: the repository root
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,19 +57,9 @@ def bert(initializer_range=None, attn_implementation="eager", **overrides):
     return T.BertForSequenceClassification(T.BertConfig(**_config(initializer_range, attn_implementation, **kw)))
 
 
-def lora(model, targets=("query", "value"), r=2, seed=0):
-    """``model`` with a peft LoRA adapter (rank r, alpha 2r) on the modules named ``targets``, lora_B drawn
-    N(0, 0.5) (peft starts it at 0; after training it is not) under ``seed``. Returns the PeftModel
-    (float32, eval); peft must be installed (tests ``pytest.importorskip("peft")`` first)."""
-    import peft
-
-    m = peft.get_peft_model(model, peft.LoraConfig(r=r, lora_alpha=2 * r, target_modules=list(targets)))
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for n, p in m.named_parameters():
-            if "lora_B" in n:
-                p.copy_(0.5 * torch.randn(p.shape, generator=g))
-    return m.eval()
+#: ``model`` with a peft LoRA adapter on ``targets`` whose lora_B matters (the public test helper; peft must be
+#: installed: tests ``pytest.importorskip("peft")`` first)
+lora = with_lora
 
 
 def bert_classifier(seed=0):

@@ -16,7 +16,7 @@ from geosharp_ref.symmetry import symmetry_map
 from geosharp_ref.testing import (Counterexample, Float64Copy, GroupElement, OrbitPoint, assert_binding_exact,
                                   assert_changes, assert_orbit_invariant, find_counterexample, group_element,
                                   group_elements, horizontal_tangents, orbit_points, scales, small_models,
-                                  tiny_batch, tiny_model)
+                                  tiny_batch, tiny_model, with_lora)
 from tests import cases
 from tests.cases import ROOT
 
@@ -122,6 +122,28 @@ def test_tiny_models_and_their_batches(kind, pairs):
     assert len(symmetry_map(ref.model).groups) == pairs
     with pytest.raises(ValueError, match="unknown tiny model kind 'resnet'"):
         tiny_model("resnet")
+
+
+def test_with_lora_gives_an_adapter_that_matters():
+    """``tiny_model(kind, lora=…)`` is ``with_lora(tiny_model(kind), …)``; its lora_B come from ``seed`` alone
+    (lora_A from torch's generator), and switching the adapter off changes the log-probabilities."""
+    pytest.importorskip("peft")
+    targets = ("query", "intermediate.dense")
+    model = tiny_model("bert", seed=3, lora=targets, lora_rank=3)
+    composed = with_lora(tiny_model("bert", seed=3), targets, rank=3, seed=3)
+    params = dict(model.named_parameters())
+    assert params.keys() == dict(composed.named_parameters()).keys()
+    assert all(torch.equal(params[n], p) for n, p in composed.named_parameters())
+    lora_b = {n: p for n, p in params.items() if "lora_B" in n}
+    assert len(lora_b) == 4 and all(p.shape[1] == 3 for p in lora_b.values())
+    other = dict(with_lora(tiny_model("bert", seed=3), targets, rank=3, seed=4).named_parameters())
+    assert all(not torch.equal(other[n], p) for n, p in lora_b.items())
+    assert all(torch.equal(other[n], p) for n, p in params.items() if "lora_A" in n)
+    inputs, _ = tiny_batch(model)
+    on = model(**inputs).logits.log_softmax(-1)
+    with model.disable_adapter():
+        off = model(**inputs).logits.log_softmax(-1)
+    assert (on - off).abs().max() > 1e-2 * on.abs().max()
 
 
 def test_small_models_draws_a_model():
