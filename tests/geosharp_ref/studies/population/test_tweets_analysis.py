@@ -2,16 +2,19 @@
 tweets_report): an undefined contrast is judged "undecided" instead of stopping the analysis, a Δ outside its own
 interval is flagged and named, the models an evaluation left out are named, and the report shows the protocol's
 checks (the family's size, the models R was measured on), p-values of 0 at the bootstrap's resolution, the
-verdicts' meaning, the ablations' sizes and the descriptive analyses, each as ``analysis.json`` holds it."""
+verdicts' meaning, the ablations' sizes and the descriptive analyses, each as ``analysis.json`` holds it; Holm's
+adjusted p-values reject exactly what the step-down procedure rejects."""
 import csv
 import json
 import math
 
 import numpy as np
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from geosharp_ref.studies.population.reanalysis import signed_tau_difference
-from geosharp_ref.studies.population.tweets_analysis import PRIMARY_FAMILY_SIZE, judge_primary, models_left_out
+from geosharp_ref.studies.population.tweets_analysis import PRIMARY_FAMILY_SIZE, holm, judge_primary, models_left_out
 from geosharp_ref.studies.population.tweets_report import render_report
 
 
@@ -117,3 +120,29 @@ def test_report_names_the_checks_the_left_out_models_and_the_descriptive_analyse
     assert f"- Primary family (Holm): {PRIMARY_FAMILY_SIZE} contrasts." in lines
     assert "- No model was left out of any evaluation." in lines
     assert not any(ln.startswith("- R was measured on") for ln in lines)
+
+
+def _step_down_rejections(ps, alpha):
+    """Holm's procedure as Holm (1979) states it: order the p-values p_(1) ≤ … ≤ p_(m), reject H_(1), …, H_(k−1)
+    where k is the first rank with p_(k) > α / (m − k + 1), and nothing after it."""
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    rejected = set()
+    for k, i in enumerate(order):
+        if ps[i] > alpha / (len(ps) - k):
+            break
+        rejected.add(i)
+    return rejected
+
+
+@given(ps=st.lists(st.floats(0, 1), min_size=1, max_size=12), alpha=st.sampled_from([0.01, 0.05, 0.1]))
+def test_holm_rejects_what_the_step_down_procedure_rejects(ps, alpha):
+    """An adjusted p ≤ α exactly where the step-down procedure rejects (away from ties with a threshold, where the
+    two roundings of (m − k + 1)·p ≤ α and p ≤ α / (m − k + 1) may differ), each adjusted p ≥ its p and ≤ 1, and
+    the adjusted p-values rise with the p-values."""
+    m = len(ps)
+    assume(all(abs((m - k) * p - alpha) > 1e-12 for p in ps for k in range(m)))
+    adj = holm(ps)
+    assert {i for i, a in enumerate(adj) if a <= alpha} == _step_down_rejections(ps, alpha)
+    assert all(p <= a <= 1.0 for p, a in zip(ps, adj))
+    assert all(adj[i] <= adj[j] for i in range(m) for j in range(m) if ps[i] <= ps[j])
+
