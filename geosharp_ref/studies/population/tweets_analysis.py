@@ -4,6 +4,7 @@ before any result, the pilot judge (training behaviour only) and the primary ana
 ::
 
     python -m geosharp_ref.studies.population.tweets_analysis power docs/tweets/power.json
+    python -m geosharp_ref.studies.population.tweets_analysis power-bootstrap docs/tweets/power_bootstrap.json
     python -m geosharp_ref.studies.population.tweets_analysis pilot /work/populations/tweets/pilot
     python -m geosharp_ref.studies.population.tweets_analysis analyse DIR
     python -m geosharp_ref.studies.population.tweets_analysis report DIR
@@ -12,7 +13,9 @@ before any result, the pilot judge (training behaviour only) and the primary ana
 Kendall test at 5 % finds with 80 % power among ``n`` models, the paper's BERT-MNLI τ attenuated by a gap
 reliability R and the power of each single τ test, and for the signed contrast τ_geo − τ_ada the power under
 the paper's attenuated difference and the smallest detectable difference, for several values of the τ between
-the two measures (it sets how precise the paired contrast is).
+the two measures (it sets how precise the paired contrast is). ``power-bootstrap`` computes the contrast's power
+again by running the primary test itself on each simulated population (:func:`bootstrap_power_statement`,
+amendment 15 of the protocol).
 
 ``pilot`` reads only the train errors of a pilot population (``population.json``) and applies the pilot rule:
 every corner must reach train error ≤ :data:`PILOT_MAX_TRAIN_ERROR`. It never prints or returns a test error.
@@ -40,7 +43,7 @@ from ...io.durable import write_json_atomic
 from ...plots import plot_signed_contrast
 from ...stats import kendall_with_ci
 from .evaluation import read_results
-from .reanalysis import (PAPER_MNLI_TAU, attenuated_tau, contrast_power, kendall_null_sd, kendall_power,
+from .reanalysis import (PAPER_MNLI_TAU, attenuated_tau, bootstrap_contrast_power, contrast_power, kendall_null_sd, kendall_power,
                          min_detectable_tau, partial_tau_difference, partial_tau_with_ci, read_csv_rows, reanalyse,
                          signed_tau_difference, tau_row)
 from .exclusion import read_excluded
@@ -48,7 +51,7 @@ from .manifest import population_files, read_manifest
 from .tweets import ABLATION_PROTOCOL, CURVATURE_PROTOCOL, EVALUATION_PROTOCOL, N_MODELS, PILOT_CORNERS
 from .tweets_report import write_report
 
-__all__ = ["power_statement", "judge_pilot", "analyse", "holm", "judge_primary", "sensitivity_analysis",
+__all__ = ["power_statement", "bootstrap_power_statement", "judge_pilot", "analyse", "holm", "judge_primary", "sensitivity_analysis",
            "ablation_contrasts", "curvature_analysis", "models_left_out", "PILOT_MAX_TRAIN_ERROR", "MIN_RELIABILITY",
            "PRIMARY_FAMILY_SIZE"]
 
@@ -92,6 +95,30 @@ def power_statement(n: int = N_MODELS, reliabilities=(0.9, 0.95), between=(0.2, 
             c["min_detectable_difference_80"] = _min_detectable_contrast(att["adaptive"], b, n, sims, seed)
             cell["contrast"][f"tau_between={b:g}"] = c
         out["by_reliability"][f"R={R:g}"] = cell
+    return out
+
+
+def bootstrap_power_statement(n: int = N_MODELS, reliabilities=(0.9, 0.95), between=(0.2, 0.45, 0.7),
+                              sims: int = 1000, n_boot: int = 500, seed: int = 0, progress: bool = True) -> dict:
+    """The contrast cells of :func:`power_statement` with the power of the primary test itself
+    (:func:`~.reanalysis.bootstrap_contrast_power`: ``sims`` populations of ``n``, ``n_boot`` resamples each), beside
+    ``fast_power``, :func:`~.reanalysis.contrast_power`'s value that ``power.json`` holds for the same (R, τ_between,
+    metric) and seed; deterministic in ``seed``."""
+    out = dict(models=n, sims=sims, n_boot=n_boot, seed=seed, alpha=0.05, by_reliability={})
+    for R in reliabilities:
+        att = {m: attenuated_tau(t, R) for m, t in PAPER_MNLI_TAU.items()}
+        cells = {}
+        for b in between:
+            c = {}
+            for g in ("geodesic-inv", "geodesic-mix"):
+                try:
+                    c[g] = bootstrap_contrast_power(att[g], att["adaptive"], b, n, sims=sims, n_boot=n_boot, seed=seed,
+                                                    progress=progress)
+                    c[g]["fast_power"] = contrast_power(att[g], att["adaptive"], b, n, sims=2000, seed=seed)["power"]
+                except ValueError:
+                    c[g] = None  # not jointly possible with this τ between the measures
+            cells[f"tau_between={b:g}"] = c
+        out["by_reliability"][f"R={R:g}"] = dict(paper_attenuated=att, contrast=cells)
     return out
 
 
@@ -330,7 +357,7 @@ def _descriptive(out) -> dict:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2 or argv[0] not in ("power", "pilot", "analyse", "report"):
+    if len(argv) != 2 or argv[0] not in ("power", "power-bootstrap", "pilot", "analyse", "report"):
         print(__doc__, file=sys.stderr)
         return 2
     action, path = argv
@@ -339,6 +366,9 @@ def main(argv=None) -> int:
         return 0
     if action == "power":
         res = power_statement()
+        write_json_atomic(Path(path), res)
+    elif action == "power-bootstrap":
+        res = bootstrap_power_statement()
         write_json_atomic(Path(path), res)
     elif action == "pilot":
         res = judge_pilot(path)

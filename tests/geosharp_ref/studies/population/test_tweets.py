@@ -202,6 +202,32 @@ def test_committed_power_statement_cell_recomputes():
     assert cell["power_single_tau"]["geodesic-inv"] == kendall_power(attenuated_tau(0.28, 0.9), 80, sims=power["sims"])
 
 
+def _power_files():
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[4] / "docs" / "tweets"
+    return (json.loads((docs / name).read_text()) for name in ("power.json", "power_bootstrap.json"))
+
+
+def test_committed_bootstrap_power_beside_the_fast_power():
+    """Amendment 15: every contrast cell of power.json run as the primary test itself (power_bootstrap.json); the
+    fast power it records is power.json's, and the two differ by less than 0.05 (the bootstrap's sd is a few per
+    cent wider than the spread of Δ the fast path uses)."""
+    power, boot = _power_files()
+    assert boot["models"] == power["models"] == 80 and boot["sims"] >= 1000 and boot["n_boot"] >= 500
+    assert boot["by_reliability"].keys() == power["by_reliability"].keys()
+    compared = 0
+    for R, cell in boot["by_reliability"].items():
+        for b, c in cell["contrast"].items():
+            for g in ("geodesic-inv", "geodesic-mix"):
+                fast = power["by_reliability"][R]["contrast"][b][g]
+                assert (c[g] is None) == (fast is None), (R, b, g)
+                if c[g] is not None:
+                    assert c[g]["fast_power"] == fast["power"] and abs(c[g]["power"] - fast["power"]) < 0.05
+                    compared += 1
+    assert compared >= 10
+
+
 def test_pilot_ladder_stages():
     from geosharp_ref.studies.population.tweets import PILOT_LADDER
 
