@@ -65,15 +65,20 @@ def _paired_rows(n: int, n_boot: int, seed: int):
     return np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
 
 
+def _finite_models(*columns):
+    """The columns (one value per model) as float arrays, without the models where any of them is not finite."""
+    columns = [np.asarray(c, dtype=float) for c in columns]
+    ok = np.logical_and.reduce([np.isfinite(c) for c in columns])
+    return [c[ok] for c in columns]
+
+
 def signed_tau_difference(x1, x2, y, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> dict:
     """τ(x1, y) − τ(x2, y) with a paired percentile bootstrap over the models (both τ on the same resample;
     the resamples of :func:`~geosharp_ref.stats.paired_abs_tau_difference` for the same ``seed``).
 
     Returns ``difference``, ``ci``, the bootstrap ``mean`` and ``sd``, ``p_positive`` (fraction of resamples
     above 0) and ``n``. Models with a non-finite value are dropped."""
-    x1, x2, y = (np.asarray(v, dtype=float) for v in (x1, x2, y))
-    ok = np.isfinite(x1) & np.isfinite(x2) & np.isfinite(y)
-    x1, x2, y = x1[ok], x2[ok], y[ok]
+    x1, x2, y = _finite_models(x1, x2, y)
     if len(y) < 3:
         nan = float("nan")
         return dict(difference=nan, ci=[nan, nan], mean=nan, sd=nan, p_positive=nan, n=int(len(y)))
@@ -109,8 +114,8 @@ def partial_tau(x, y, z) -> float:
 
 def partial_tau_with_ci(x, y, z, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> dict:
     """:func:`partial_tau` with a percentile bootstrap interval over the models (the same resamples as
-    :func:`signed_tau_difference` for the same ``seed``)."""
-    x, y, z = (np.asarray(v, dtype=float) for v in (x, y, z))
+    :func:`signed_tau_difference` for the same ``seed``). Models with a non-finite value are dropped."""
+    x, y, z = _finite_models(x, y, z)
     idx = _paired_rows(len(y), n_boot, seed)
     xy, xz, yz = (kendall_tau_b(a[idx], b[idx]) for a, b in ((x, y), (x, z), (y, z)))
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -124,8 +129,9 @@ def partial_tau_with_ci(x, y, z, n_boot: int = 1000, seed: int = 0, level: float
 def partial_tau_difference(x1, x2, y, z, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> dict:
     """τ(x1, y | z) − τ(x2, y | z) (:func:`partial_tau`) with a paired percentile bootstrap over the models
     (the resamples of :func:`signed_tau_difference` for the same ``seed``): the signed contrast with the
-    covariate ``z`` (train error) partialled out of both measures and the gap."""
-    x1, x2, y, z = (np.asarray(v, dtype=float) for v in (x1, x2, y, z))
+    covariate ``z`` (train error) partialled out of both measures and the gap. Models with a non-finite value are
+    dropped."""
+    x1, x2, y, z = _finite_models(x1, x2, y, z)
     idx = _paired_rows(len(y), n_boot, seed)
     yz = kendall_tau_b(y[idx], z[idx])
 

@@ -11,7 +11,8 @@ from scipy.stats import kendalltau
 from geosharp_ref.stats import paired_abs_tau_difference
 from geosharp_ref.studies.population.reanalysis import (REANALYSIS, attenuated_tau, bootstrap_contrast_power,
                                                         contrast_power, kendall_null_sd, kendall_power, partial_tau,
-                                                        partial_tau_difference, reanalyse, signed_tau_difference)
+                                                        partial_tau_difference, partial_tau_with_ci, reanalyse,
+                                                        signed_tau_difference)
 
 DOCS = Path(__file__).resolve().parents[4] / "docs"
 
@@ -107,6 +108,24 @@ def test_partial_tau():
     assert d["difference"] == pytest.approx(partial_tau(x, y, z) - partial_tau(w, y, z))
     assert d["ci"][0] < d["ci"][1]
     assert math.isnan(partial_tau_difference(x, z, y, z, n_boot=20)["ci"][0])  # τ(z, y | z) is undefined
+
+
+def test_partial_tau_drops_a_model_that_is_not_finite():
+    """As every other τ of the analysis: a model with a NaN or inf anywhere gives the interval and n of the
+    population without it, not a NaN point estimate over an interval of the resamples that happened to miss it."""
+    x, _, y = _data(n=40)
+    z = np.random.default_rng(9).standard_normal(40)
+    w = x + np.random.default_rng(4).standard_normal(40)
+    for bad in (float("nan"), float("inf")):
+        xb, zb = x.copy(), z.copy()
+        xb[3], zb[7] = bad, bad
+        keep = np.ones(40, bool)
+        keep[[3, 7]] = False
+        got = partial_tau_with_ci(xb, y, zb, n_boot=200)
+        assert got == partial_tau_with_ci(x[keep], y[keep], z[keep], n_boot=200)
+        assert got["n"] == 38 and math.isfinite(got["tau"])
+        got = partial_tau_difference(xb, w, y, zb, n_boot=200)
+        assert got == partial_tau_difference(x[keep], w[keep], y[keep], z[keep], n_boot=200) and got["n"] == 38
 
 
 def test_power():
