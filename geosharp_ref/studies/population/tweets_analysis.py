@@ -25,9 +25,9 @@ every corner must reach train error ≤ :data:`PILOT_MAX_TRAIN_ERROR`. It never 
 primary contrast (:func:`judge_primary`), the sensitivity analysis without the models above train error 0.05
 (:func:`sensitivity_analysis`, pilot rule 5), the ablations' contrasts (H3/H4, :func:`ablation_contrasts`) and
 the exploratory curvature measures (:func:`curvature_analysis`); every cell of a τ or a contrast against the gap
-(primary, partial, sensitivity, ablations, curvature) carries ``gap_reliability_ok`` (the measured R ≥ 0.9,
-reported beside every result as the protocol asks). It writes ``analysis.json``, the
-primary contrast's plot ``analysis.png`` (:func:`geosharp_ref.plots.plot_signed_contrast`) and the Markdown report
+(primary, partial, sensitivity, ablations, curvature, train error and hyper-parameters) carries
+``gap_reliability_ok`` (the measured R ≥ 0.9, reported beside every result as the protocol asks). It writes
+``analysis.json``, the primary contrast's plot ``analysis.png`` (:func:`geosharp_ref.plots.plot_signed_contrast`) and the Markdown report
 ``analysis.md`` (:mod:`~geosharp_ref.studies.population.tweets_report`; ``report`` writes it again).
 """
 from __future__ import annotations
@@ -324,6 +324,12 @@ def analyse(out, n_boot: int = 1000, seed: int = 0) -> dict:
                 c["gap_reliability_ok"] = ok
     for c in res["curvature_exploratory"].values():
         c["gap_reliability_ok"] = ok
+    for key in ("tau_vs_gap", "lr_times_steps_tau_vs_gap"):  # the descriptive τ against the gap too
+        if key in res["train_error"]:
+            res["train_error"][key]["gap_reliability_ok"] = ok
+    for cells in res["descriptive"]["hyperparameter_tau"].values():
+        if "gap" in cells:
+            cells["gap"]["gap_reliability_ok"] = ok
     write_json_atomic(Path(out) / "analysis.json", res)
     write_report(out)  # before the plot: the report holds every number, the plot draws some of them
     plot_signed_contrast(Path(out) / "analysis.png", res)

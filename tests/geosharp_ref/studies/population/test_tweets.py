@@ -512,9 +512,12 @@ def test_analyse_runs_the_protocols_analysis_on_a_population(reference, tmp_path
     assert checks["reliability_models"] == rel_models and checks["reliability_covers_models"] is True
     assert res["models_left_out"] == {"main": [], "ablations": [], "curvature": []} and res["exclusion_reasons"] == {}
     corr = json.loads((out / "correlation.json").read_text())
-    assert res["descriptive"] == {k: corr[k] for k in ("measure_agreement", "hyperparameter_tau")}
+    descriptive = {k: corr[k] for k in ("measure_agreement", "hyperparameter_tau")}
+    assert json.loads(without_flag(res["descriptive"])) == descriptive
     cells = [c for part in (res["signed_contrast"], res["ablations"]) for row in part.values() for c in row.values()]
-    cells += list(res["curvature_exploratory"].values())
+    cells += list(res["curvature_exploratory"].values()) + [res["train_error"]["tau_vs_gap"]]
+    cells += [h["gap"] for h in res["descriptive"]["hyperparameter_tau"].values()]
+    assert len(cells) > len(family) + len(res["curvature_exploratory"]) + 1  # the hyper-parameters' τ are there
     assert all(c["gap_reliability_ok"] is checks["reliability_ok"] for c in cells)  # beside every result
     sens = res["sensitivity_without_train_error_above_0_05"]
     train = {r["model"]: float(r["train_error"]) for r in csv.DictReader(open(out / "correlation.csv"))}
