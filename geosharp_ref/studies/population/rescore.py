@@ -11,7 +11,8 @@ rest of the pool (1,143 documents) was never seen by any model. Added to the 600
    recorded as ``reference_agreement``;
 2. predicts the extended test set (the test set followed by ``pool[n_train:]``, ``n_train`` the largest
    training set of any model) once per model, resumably (``test_predictions_extended.jsonl``), and checks that
-   the predictions on the original test set give the recorded test error;
+   the predictions on the original test set give the recorded test error; each line carries the SHA-256 of the
+   weights that predicted (``weights_sha256``), and a model whose weights changed since is predicted again;
 3. writes ``rescore.json``: per model the extended test error and gap, the split-half reliability of the new
    gaps (as :mod:`.reliability`: 200 halvings, Spearman–Brown, ceiling), and — where a ``results.jsonl`` of the
    same models is given (``--results``, e.g. the committed ``docs/minilm/recipes``) — Kendall τ of every measure
@@ -42,8 +43,9 @@ from ...io.durable import append_line, read_jsonl, write_json_atomic
 from ...stats import kendall_with_ci
 from .evaluation import evaluation_grid, load_population_model, read_results
 from .manifest import read_manifest
+from .pack import STAMP, weights_digest
 from .reanalysis import partial_tau_difference, signed_tau_difference
-from .reliability import split_half_reliability
+from .reliability import prediction_record, split_half_reliability
 from .task import Split
 from .tasks import get_task
 from .training import batched_logits
@@ -113,7 +115,11 @@ def rescore_population(out, reference=None, results=None, splits: int = 200, see
     n_train = max(m["metrics"]["train_examples"] for m in manifest["models"])
     inputs, y, n_orig = extended_test_set(split, n_train)
     path = out / EXTENDED_PREDICTIONS
-    done = {r["model"]: r["predictions"] for r in read_jsonl(path, repair=True)}
+    digests = {m["name"]: weights_digest(out, m) for m in manifest["models"]}
+    # a line stamped with other weights (the model retrained since) is predicted again; unstamped lines (written
+    # before the stamp) are read as before, checked only by the original test error below
+    done = {r["model"]: r["predictions"] for r in read_jsonl(path, repair=True)
+            if r["model"] in digests and r.get(STAMP, digests[r["model"]]) == digests[r["model"]]}
     from tqdm.auto import tqdm
 
     for m in tqdm([m for m in manifest["models"] if m["name"] not in done], desc="extended test predictions",
@@ -124,7 +130,7 @@ def rescore_population(out, reference=None, results=None, splits: int = 200, see
         if abs(err - m["metrics"]["test_error"]) * n_orig > 1.5:
             raise ValueError(f"{m['name']}: predictions give test error {err:.4f} on the original test set, the "
                              f"manifest records {m['metrics']['test_error']:.4f}")
-        append_line(path, dict(model=m["name"], predictions=pred.tolist()))
+        append_line(path, prediction_record(m["name"], pred.tolist(), digests[m["name"]]))
         done[m["name"]] = pred.tolist()
     names = [m["name"] for m in manifest["models"]]
     yn = y.numpy()

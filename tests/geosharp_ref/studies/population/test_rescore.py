@@ -85,6 +85,7 @@ def test_rescore_on_a_tiny_population(population, tmp_path):
     assert json.loads((out / RESCORE).read_text())["models"] == 3
     # resumes from the stored predictions; a different reference is refused
     assert rescore_population(out, splits=20, n_boot=50, progress=False)["per_model"] == res["per_model"]
+    _stale_predictions_are_predicted_again(out, res["per_model"])
     assert res["reference_agreement"]["max_relative_loss_difference"] == {"train_loss": 0.0, "test_loss": 0.0}
     # losses retrained with another summation order (≤ LOSS_RTOL) are the same models; other errors or losses are not
     for k, change, refused in (("train_loss", 1 + 1e-7, False), ("test_error", None, True),
@@ -99,6 +100,27 @@ def test_rescore_on_a_tiny_population(population, tmp_path):
         else:
             agreement = rescore_population(out, reference=ref, progress=False, splits=20, n_boot=50)["reference_agreement"]
             assert agreement["max_relative_loss_difference"]["train_loss"] == pytest.approx(1e-7, rel=1e-3)
+
+
+def _stale_predictions_are_predicted_again(out, per_model):
+    """Each stored line carries the digest of the weights that predicted; a line of other weights (all its
+    predictions 0 here) is predicted again, one line appended, and an unstamped line (written before the stamp) is
+    read as before."""
+    from geosharp_ref.studies.population.pack import STAMP, weights_digest
+    from geosharp_ref.studies.population.rescore import EXTENDED_PREDICTIONS
+
+    path = out / EXTENDED_PREDICTIONS
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    digests = {m["name"]: weights_digest(out, m) for m in read_manifest(out)["models"]}
+    assert len(lines) == 3 and all(r[STAMP] == digests[r["model"]] for r in lines)
+    stale = dict(lines[1], predictions=[0] * len(lines[1]["predictions"]), **{STAMP: "0" * 64})
+    path.write_text("".join(json.dumps(r) + "\n" for r in (lines[0], stale, lines[2])))
+    assert rescore_population(out, splits=20, n_boot=50, progress=False)["per_model"] == per_model
+    assert [json.loads(line)["model"] for line in path.read_text().splitlines()][-1] == lines[1]["model"]
+    unstamped = [{k: v for k, v in r.items() if k != STAMP} for r in lines]
+    path.write_text("".join(json.dumps(r) + "\n" for r in unstamped))
+    assert rescore_population(out, splits=20, n_boot=50, progress=False)["per_model"] == per_model
+    assert len(path.read_text().splitlines()) == 3
 
 
 COMMITTED = sorted(p.parent for p in (ROOT / "docs" / "minilm").glob("*/rescore.json"))
