@@ -41,8 +41,8 @@ from .tasks import get_task
 from .training import logits_by_length
 
 __all__ = ["predict_test_set", "predict_model", "test_split", "split_half_gaps", "split_half_reliability",
-           "gap_reliability", "prediction_record", "read_prediction_records", "PREDICTIONS",
-           "RELIABILITY"]
+           "gap_reliability", "prediction_record", "predictions_of_these_weights", "read_prediction_records",
+           "PREDICTIONS", "RELIABILITY"]
 
 PREDICTIONS = "test_predictions.jsonl"
 RELIABILITY = "reliability.json"
@@ -59,7 +59,7 @@ def test_split(out: Path, manifest: dict):
 def predict_test_set(out, batch_size: int = 256, threads: int | None = 1, progress: bool = True) -> dict:
     """``{model name: [predicted class per test example]}`` of every model (resumable: one fsync'd line per
     model in ``test_predictions.jsonl``, with the SHA-256 of the weights that predicted, ``weights_sha256``, as the
-    population pipeline writes it). Each model's recomputed test error must match its recorded one
+    population pipeline writes it; a line of other weights is predicted again: :func:`predictions_of_these_weights`). Each model's recomputed test error must match its recorded one
     (to one example: an argmax tie may flip with the batch size)."""
     out = Path(out)
     manifest = read_manifest(out)
@@ -70,7 +70,8 @@ def _predictions(out: Path, manifest: dict, split, batch_size: int, threads, pro
     check_packed_models(out, manifest)  # a packed model's damaged SHA256SUMS is refused before anything is written
     y = split.y_test
     path = out / PREDICTIONS
-    done = {r["model"]: r["predictions"] for r in read_prediction_records(path, len(y))}
+    done = predictions_of_these_weights(read_prediction_records(path, len(y)),
+                                        {m["name"]: weights_digest(out, m) for m in manifest["models"]})
     todo = [m for m in manifest["models"] if m["name"] not in done]
     if todo and threads:
         torch.set_num_threads(threads)
@@ -101,6 +102,14 @@ def prediction_record(name: str, predictions: list, digest: str) -> dict:
     """One line of ``test_predictions.jsonl``: model ``name``'s predicted class per test example and ``digest``, the
     SHA-256 of the weights that predicted them (``weights_sha256``; :func:`~.pack.weights_digest`)."""
     return {"model": name, "predictions": predictions, STAMP: digest}
+
+
+def predictions_of_these_weights(records: list, digests: dict) -> dict:
+    """``{model name: predictions}`` from the prediction lines ``records`` of the models in ``digests`` (name → the
+    SHA-256 of its weights now): a line stamped with other weights (the model retrained since) is left out, so the
+    model is predicted again; an unstamped line (written before the stamp) counts; the last line of a model wins."""
+    return {r["model"]: r["predictions"] for r in records
+            if r["model"] in digests and r.get(STAMP, digests[r["model"]]) == digests[r["model"]]}
 
 
 def read_prediction_records(path: Path, n_test: int, repair: bool = True) -> list:

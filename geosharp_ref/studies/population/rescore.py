@@ -43,9 +43,9 @@ from ...io.durable import append_line, read_jsonl, write_json_atomic
 from ...stats import kendall_with_ci
 from .evaluation import evaluation_grid, load_population_model, read_results
 from .manifest import read_manifest
-from .pack import STAMP, weights_digest
+from .pack import weights_digest
 from .reanalysis import partial_tau_difference, signed_tau_difference
-from .reliability import prediction_record, split_half_reliability
+from .reliability import prediction_record, predictions_of_these_weights, split_half_reliability
 from .task import Split
 from .tasks import get_task
 from .training import batched_logits
@@ -116,10 +116,7 @@ def rescore_population(out, reference=None, results=None, splits: int = 200, see
     inputs, y, n_orig = extended_test_set(split, n_train)
     path = out / EXTENDED_PREDICTIONS
     digests = {m["name"]: weights_digest(out, m) for m in manifest["models"]}
-    # a line stamped with other weights (the model retrained since) is predicted again; unstamped lines (written
-    # before the stamp) are read as before, checked only by the original test error below
-    done = {r["model"]: r["predictions"] for r in read_jsonl(path, repair=True)
-            if r["model"] in digests and r.get(STAMP, digests[r["model"]]) == digests[r["model"]]}
+    done = predictions_of_these_weights(read_jsonl(path, repair=True), digests)
     from tqdm.auto import tqdm
 
     for m in tqdm([m for m in manifest["models"] if m["name"] not in done], desc="extended test predictions",

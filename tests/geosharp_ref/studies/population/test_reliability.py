@@ -53,6 +53,22 @@ def test_each_line_carries_the_digest_of_the_weights_that_predicted(population):
     assert all(model_complete(population, m, tags=[], excluded=set()) for m in man["models"])
 
 
+def test_a_line_of_other_weights_is_predicted_again(trained, tmp_path):
+    """A model retrained since its line was written (its stamp is another digest) is predicted again, one line
+    appended, the stored predictions of other weights unused; an unstamped line (written before the stamp) counts."""
+    out = cases.copy_population(trained, tmp_path)
+    first = predict_test_set(out, progress=False)
+    lines = cases.jsonl(out / PREDICTIONS)
+    stale = dict(lines[0], predictions=[0] * len(lines[0]["predictions"]), **{STAMP: "0" * 64})
+    (out / PREDICTIONS).write_text("".join(json.dumps(r) + "\n" for r in [stale] + lines[1:]))
+    assert predict_test_set(out, progress=False) == first
+    now = cases.jsonl(out / PREDICTIONS)
+    assert [r["model"] for r in now] == [r["model"] for r in lines + lines[:1]] and now[-1] == lines[0]
+    unstamped = [{k: v for k, v in r.items() if k != STAMP} for r in lines]
+    (out / PREDICTIONS).write_text("".join(json.dumps(r) + "\n" for r in unstamped))
+    assert predict_test_set(out, progress=False) == first and len(cases.jsonl(out / PREDICTIONS)) == len(lines)
+
+
 def test_split_half_tau_against_a_direct_recomputation(population):
     result = gap_reliability(population, splits=7, seed=3, progress=False, stream=io.StringIO())
     man = read_manifest(population)
