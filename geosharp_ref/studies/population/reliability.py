@@ -59,8 +59,9 @@ def test_split(out: Path, manifest: dict):
 def predict_test_set(out, batch_size: int = 256, threads: int | None = 1, progress: bool = True) -> dict:
     """``{model name: [predicted class per test example]}`` of every model (resumable: one fsync'd line per
     model in ``test_predictions.jsonl``, with the SHA-256 of the weights that predicted, ``weights_sha256``, as the
-    population pipeline writes it; a line of other weights is predicted again: :func:`predictions_of_these_weights`). Each model's recomputed test error must match its recorded one
-    (to one example: an argmax tie may flip with the batch size)."""
+    population pipeline writes it; a line of other weights is predicted again: :func:`predictions_of_these_weights`).
+    Each model's recomputed test error must match its recorded one (to one example: an argmax tie may flip with the
+    batch size)."""
     out = Path(out)
     manifest = read_manifest(out)
     return _predictions(out, manifest, test_split(out, manifest), batch_size, threads, progress)
