@@ -75,26 +75,39 @@ def _min_detectable_contrast(tau_ada: float, between: float, n: int, sims: int, 
     return None
 
 
+def _contrast_cells(reliabilities, between, cell) -> dict:
+    """``{"R=…": {"paper_attenuated": {measure: τ√R}, "contrast": {"tau_between=…": {metric: cell(τ_geo, τ_ada, b)}}}}``
+    over geodesic-inv and geodesic-mix against adaptive; a metric whose τ cannot hold jointly with ``b`` (``cell``
+    raises ValueError) is None."""
+    out = {}
+    for R in reliabilities:
+        att = {m: attenuated_tau(t, R) for m, t in PAPER_MNLI_TAU.items()}
+        cells = {}
+        for b in between:
+            c = {}
+            for g in ("geodesic-inv", "geodesic-mix"):
+                try:
+                    c[g] = cell(att[g], att["adaptive"], b)
+                except ValueError:
+                    c[g] = None  # not jointly possible with this τ between the measures
+            cells[f"tau_between={b:g}"] = c
+        out[f"R={R:g}"] = dict(paper_attenuated=att, contrast=cells)
+    return out
+
+
 def power_statement(n: int = N_MODELS, reliabilities=(0.9, 0.95), between=(0.2, 0.45, 0.7), sims: int = 2000,
                     seed: int = 0) -> dict:
     """The power statement of the protocol (see the module doc); deterministic in ``seed``."""
     out = dict(models=n, sims=sims, seed=seed, alpha=0.05, kendall_null_sd=kendall_null_sd(n),
                min_detectable_tau_80=min_detectable_tau(n, sims=sims, seed=seed), paper_mnli_tau=PAPER_MNLI_TAU,
-               by_reliability={})
-    for R in reliabilities:
-        att = {m: attenuated_tau(t, R) for m, t in PAPER_MNLI_TAU.items()}
-        cell = dict(paper_attenuated=att, power_single_tau={m: kendall_power(t, n, sims=sims, seed=seed)
-                                                            for m, t in att.items()}, contrast={})
-        for b in between:
-            c = {}
-            for g in ("geodesic-inv", "geodesic-mix"):
-                try:
-                    c[g] = contrast_power(att[g], att["adaptive"], b, n, sims=sims, seed=seed)
-                except ValueError:
-                    c[g] = None  # not jointly possible with this τ between the measures
+               by_reliability=_contrast_cells(
+                   reliabilities, between,
+                   lambda tau_geo, tau_ada, b: contrast_power(tau_geo, tau_ada, b, n, sims=sims, seed=seed)))
+    for cell in out["by_reliability"].values():
+        att = cell["paper_attenuated"]
+        cell["power_single_tau"] = {m: kendall_power(t, n, sims=sims, seed=seed) for m, t in att.items()}
+        for b, c in zip(between, cell["contrast"].values()):
             c["min_detectable_difference_80"] = _min_detectable_contrast(att["adaptive"], b, n, sims, seed)
-            cell["contrast"][f"tau_between={b:g}"] = c
-        out["by_reliability"][f"R={R:g}"] = cell
     return out
 
 
@@ -104,22 +117,13 @@ def bootstrap_power_statement(n: int = N_MODELS, reliabilities=(0.9, 0.95), betw
     (:func:`~.reanalysis.bootstrap_contrast_power`: ``sims`` populations of ``n``, ``n_boot`` resamples each), beside
     ``fast_power``, :func:`~.reanalysis.contrast_power`'s value that ``power.json`` holds for the same (R, τ_between,
     metric) and seed; deterministic in ``seed``."""
-    out = dict(models=n, sims=sims, n_boot=n_boot, seed=seed, alpha=0.05, by_reliability={})
-    for R in reliabilities:
-        att = {m: attenuated_tau(t, R) for m, t in PAPER_MNLI_TAU.items()}
-        cells = {}
-        for b in between:
-            c = {}
-            for g in ("geodesic-inv", "geodesic-mix"):
-                try:
-                    c[g] = bootstrap_contrast_power(att[g], att["adaptive"], b, n, sims=sims, n_boot=n_boot, seed=seed,
-                                                    progress=progress)
-                    c[g]["fast_power"] = contrast_power(att[g], att["adaptive"], b, n, sims=2000, seed=seed)["power"]
-                except ValueError:
-                    c[g] = None  # not jointly possible with this τ between the measures
-            cells[f"tau_between={b:g}"] = c
-        out["by_reliability"][f"R={R:g}"] = dict(paper_attenuated=att, contrast=cells)
-    return out
+    def cell(tau_geo, tau_ada, b):
+        c = bootstrap_contrast_power(tau_geo, tau_ada, b, n, sims=sims, n_boot=n_boot, seed=seed, progress=progress)
+        c["fast_power"] = contrast_power(tau_geo, tau_ada, b, n, sims=2000, seed=seed)["power"]
+        return c
+
+    return dict(models=n, sims=sims, n_boot=n_boot, seed=seed, alpha=0.05,
+                by_reliability=_contrast_cells(reliabilities, between, cell))
 
 
 def judge_pilot(out) -> dict:

@@ -193,13 +193,18 @@ def test_protocol_document_states_the_code_constants():
 def test_committed_power_statement_cell_recomputes():
     from pathlib import Path
 
-    from geosharp_ref.studies.population.reanalysis import attenuated_tau, kendall_power, min_detectable_tau
+    from geosharp_ref.studies.population.reanalysis import (attenuated_tau, contrast_power, kendall_power,
+                                                            min_detectable_tau)
 
     power = json.loads((Path(__file__).resolve().parents[4] / "docs" / "tweets" / "power.json").read_text())
     assert power["models"] == 80 and power["min_detectable_tau_80"] == min_detectable_tau(80, sims=power["sims"])
     cell = power["by_reliability"]["R=0.9"]
     assert cell["paper_attenuated"]["geodesic-inv"] == pytest.approx(attenuated_tau(0.28, 0.9))
     assert cell["power_single_tau"]["geodesic-inv"] == kendall_power(attenuated_tau(0.28, 0.9), 80, sims=power["sims"])
+    ada = attenuated_tau(0.06, 0.9)
+    for g, tau in (("geodesic-inv", 0.28), ("geodesic-mix", 0.38)):
+        assert cell["contrast"]["tau_between=0.2"][g] == contrast_power(attenuated_tau(tau, 0.9), ada, 0.2, 80,
+                                                                        sims=power["sims"], seed=power["seed"])
 
 
 def _power_files():

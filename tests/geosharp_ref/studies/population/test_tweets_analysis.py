@@ -146,3 +146,58 @@ def test_holm_rejects_what_the_step_down_procedure_rejects(ps, alpha):
     assert all(p <= a <= 1.0 for p, a in zip(ps, adj))
     assert all(adj[i] <= adj[j] for i in range(m) for j in range(m) if ps[i] <= ps[j])
 
+
+
+def _direct_cells(reliabilities, between, cell):
+    """The power statement's contrast cells written out loop by loop (the reference for the shared helper)."""
+    from geosharp_ref.studies.population.reanalysis import attenuated_tau
+    from geosharp_ref.studies.population.tweets_analysis import PAPER_MNLI_TAU
+
+    out = {}
+    for R in reliabilities:
+        ada = attenuated_tau(PAPER_MNLI_TAU["adaptive"], R)
+        for b in between:
+            for g in ("geodesic-inv", "geodesic-mix"):
+                try:
+                    out[R, b, g] = cell(attenuated_tau(PAPER_MNLI_TAU[g], R), ada, b)
+                except ValueError:
+                    out[R, b, g] = None
+    return out
+
+
+def test_power_statement_holds_each_cells_direct_power():
+    """Every contrast cell, single-τ power and smallest detectable difference of a small power statement (two
+    reliabilities, a τ_between where geodesic-mix cannot hold jointly) equals its direct computation."""
+    from geosharp_ref.studies.population.reanalysis import attenuated_tau, contrast_power, kendall_power
+    from geosharp_ref.studies.population.tweets_analysis import (PAPER_MNLI_TAU, _min_detectable_contrast,
+                                                                   power_statement)
+
+    rs, bs, sims = (0.9, 0.5), (0.2, 0.7), 40
+    got = power_statement(n=30, reliabilities=rs, between=bs, sims=sims, seed=3)
+    direct = _direct_cells(rs, bs, lambda tg, ta, b: contrast_power(tg, ta, b, 30, sims=sims, seed=3))
+    assert direct[0.9, 0.7, "geodesic-mix"] is None and direct[0.9, 0.2, "geodesic-inv"] is not None
+    for (R, b, g), c in direct.items():
+        assert got["by_reliability"][f"R={R:g}"]["contrast"][f"tau_between={b:g}"][g] == c, (R, b, g)
+    for R in rs:
+        cell = got["by_reliability"][f"R={R:g}"]
+        att = {m: attenuated_tau(t, R) for m, t in PAPER_MNLI_TAU.items()}
+        assert cell["paper_attenuated"] == att
+        assert cell["power_single_tau"] == {m: kendall_power(t, 30, sims=sims, seed=3) for m, t in att.items()}
+        for b in bs:
+            assert cell["contrast"][f"tau_between={b:g}"]["min_detectable_difference_80"] == \
+                _min_detectable_contrast(att["adaptive"], b, 30, sims, 3)
+
+
+def test_bootstrap_power_statement_holds_each_cells_direct_power():
+    from geosharp_ref.studies.population.reanalysis import bootstrap_contrast_power, contrast_power
+    from geosharp_ref.studies.population.tweets_analysis import bootstrap_power_statement
+
+    def cell(tg, ta, b):
+        return dict(bootstrap_contrast_power(tg, ta, b, 30, sims=12, n_boot=20, seed=1, progress=False),
+                    fast_power=contrast_power(tg, ta, b, 30, sims=2000, seed=1)["power"])
+
+    got = bootstrap_power_statement(n=30, reliabilities=(0.9,), between=(0.2, 0.7), sims=12, n_boot=20, seed=1,
+                                    progress=False)
+    assert (got["models"], got["sims"], got["n_boot"]) == (30, 12, 20)
+    for (R, b, g), c in _direct_cells((0.9,), (0.2, 0.7), cell).items():
+        assert got["by_reliability"][f"R={R:g}"]["contrast"][f"tau_between={b:g}"][g] == c, (R, b, g)
