@@ -147,7 +147,6 @@ def test_holm_rejects_what_the_step_down_procedure_rejects(ps, alpha):
     assert all(adj[i] <= adj[j] for i in range(m) for j in range(m) if ps[i] <= ps[j])
 
 
-
 def _direct_cells(reliabilities, between, cell):
     """The power statement's contrast cells written out loop by loop (the reference for the shared helper)."""
     from geosharp_ref.studies.population.reanalysis import attenuated_tau
