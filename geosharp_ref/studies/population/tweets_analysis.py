@@ -112,14 +112,16 @@ def power_statement(n: int = N_MODELS, reliabilities=(0.9, 0.95), between=(0.2, 
 
 
 def bootstrap_power_statement(n: int = N_MODELS, reliabilities=(0.9, 0.95), between=(0.2, 0.45, 0.7),
-                              sims: int = 1000, n_boot: int = 500, seed: int = 0, progress: bool = True) -> dict:
+                              sims: int = 1000, n_boot: int = 500, seed: int = 0, progress: bool = True,
+                              fast_sims: int = 2000) -> dict:
     """The contrast cells of :func:`power_statement` with the power of the primary test itself
     (:func:`~.reanalysis.bootstrap_contrast_power`: ``sims`` populations of ``n``, ``n_boot`` resamples each), beside
-    ``fast_power``, :func:`~.reanalysis.contrast_power`'s value that ``power.json`` holds for the same (R, τ_between,
-    metric) and seed; deterministic in ``seed``."""
+    ``fast_power``, :func:`~.reanalysis.contrast_power`'s value for the same (R, τ_between, metric) and seed from
+    ``fast_sims`` populations (the default is :func:`power_statement`'s ``sims``, so ``fast_power`` is the power that
+    ``power.json`` holds); deterministic in ``seed``."""
     def cell(tau_geo, tau_ada, b):
         c = bootstrap_contrast_power(tau_geo, tau_ada, b, n, sims=sims, n_boot=n_boot, seed=seed, progress=progress)
-        c["fast_power"] = contrast_power(tau_geo, tau_ada, b, n, sims=2000, seed=seed)["power"]
+        c["fast_power"] = contrast_power(tau_geo, tau_ada, b, n, sims=fast_sims, seed=seed)["power"]
         return c
 
     return dict(models=n, sims=sims, n_boot=n_boot, seed=seed, alpha=0.05,

@@ -193,10 +193,10 @@ def test_bootstrap_power_statement_holds_each_cells_direct_power():
 
     def cell(tg, ta, b):
         return dict(bootstrap_contrast_power(tg, ta, b, 30, sims=12, n_boot=20, seed=1, progress=False),
-                    fast_power=contrast_power(tg, ta, b, 30, sims=2000, seed=1)["power"])
+                    fast_power=contrast_power(tg, ta, b, 30, sims=50, seed=1)["power"])
 
     got = bootstrap_power_statement(n=30, reliabilities=(0.9,), between=(0.2, 0.7), sims=12, n_boot=20, seed=1,
-                                    progress=False)
+                                    progress=False, fast_sims=50)
     assert (got["models"], got["sims"], got["n_boot"]) == (30, 12, 20)
     for (R, b, g), c in _direct_cells((0.9,), (0.2, 0.7), cell).items():
         assert got["by_reliability"][f"R={R:g}"]["contrast"][f"tau_between={b:g}"][g] == c, (R, b, g)
