@@ -59,6 +59,8 @@ PILOT_MAX_TRAIN_ERROR = 0.05
 MIN_RELIABILITY = 0.9
 #: the fewest models a sensitivity analysis is computed on (fewer give no Kendall τ worth an interval)
 MIN_SENSITIVITY_MODELS = 5
+#: simulated populations per power in power.json (``sims`` of :func:`power_statement`, ``fast_sims`` of the bootstrap)
+POWER_SIMS = 2000
 #: the primary family's contrasts (Holm over these): geodesic-inv and geodesic-mix against adaptive at every size
 PRIMARY_FAMILY_SIZE = 2 * len(EVALUATION_PROTOCOL["sizes"])
 
@@ -95,7 +97,7 @@ def _contrast_cells(reliabilities, between, cell) -> dict:
     return out
 
 
-def power_statement(n: int = N_MODELS, reliabilities=(0.9, 0.95), between=(0.2, 0.45, 0.7), sims: int = 2000,
+def power_statement(n: int = N_MODELS, reliabilities=(0.9, 0.95), between=(0.2, 0.45, 0.7), sims: int = POWER_SIMS,
                     seed: int = 0) -> dict:
     """The power statement of the protocol (see the module doc); deterministic in ``seed``."""
     out = dict(models=n, sims=sims, seed=seed, alpha=0.05, kendall_null_sd=kendall_null_sd(n),
@@ -113,12 +115,12 @@ def power_statement(n: int = N_MODELS, reliabilities=(0.9, 0.95), between=(0.2, 
 
 def bootstrap_power_statement(n: int = N_MODELS, reliabilities=(0.9, 0.95), between=(0.2, 0.45, 0.7),
                               sims: int = 1000, n_boot: int = 500, seed: int = 0, progress: bool = True,
-                              fast_sims: int = 2000) -> dict:
+                              fast_sims: int = POWER_SIMS) -> dict:
     """The contrast cells of :func:`power_statement` with the power of the primary test itself
     (:func:`~.reanalysis.bootstrap_contrast_power`: ``sims`` populations of ``n``, ``n_boot`` resamples each), beside
     ``fast_power``, :func:`~.reanalysis.contrast_power`'s value for the same (R, τ_between, metric) and seed from
-    ``fast_sims`` populations (the default is :func:`power_statement`'s ``sims``, so ``fast_power`` is the power that
-    ``power.json`` holds); deterministic in ``seed``."""
+    ``fast_sims`` populations (the default :data:`POWER_SIMS` is :func:`power_statement`'s, so ``fast_power`` is the
+    power that ``power.json`` holds); deterministic in ``seed``."""
     def cell(tau_geo, tau_ada, b):
         c = bootstrap_contrast_power(tau_geo, tau_ada, b, n, sims=sims, n_boot=n_boot, seed=seed, progress=progress)
         c["fast_power"] = contrast_power(tau_geo, tau_ada, b, n, sims=fast_sims, seed=seed)["power"]
